@@ -1,14 +1,24 @@
-"""The `wan-enhanced` command line."""
+"""The `wan-enhanced` command line. Each command lives in its own module."""
+
+from __future__ import annotations
 
 import argparse
 import sys
 
+from . import golden_command
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="wan-enhanced")
-    parser.add_subparsers(dest="command", required=True)
-    parser.parse_args(argv)
-    return 0
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wan-enhanced",
+                                     description="Wan2.1 / Wan2.2 video generation tools")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    golden_command.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":

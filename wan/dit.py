@@ -46,6 +46,18 @@ def layer_norm(x: torch.Tensor, eps: float, norm: nn.LayerNorm | None = None) ->
     return F.layer_norm(x.float(), (x.shape[-1],), norm.weight.float(), norm.bias.float(), eps)
 
 
+def linear_fp32(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A linear layer computed in float32 whatever dtype its weights are stored in."""
+    bias = None if layer.bias is None else layer.bias.float()
+    return F.linear(x.float(), layer.weight.float(), bias)
+
+
+def mlp_fp32(layers: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    for layer in layers:
+        x = linear_fp32(layer, x) if isinstance(layer, nn.Linear) else layer(x)
+    return x
+
+
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x * (1 + scale) + shift, with shift/scale [B, G, D] shared by groups of L/G tokens."""
     b, length, d = x.shape
@@ -155,8 +167,7 @@ class Head(nn.Module):
     def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """Modulated by e (the time embedding), not by the projection e0."""
         shift, scale = (self.modulation.float() + e[:, :, None]).unbind(2)
-        h = modulate(layer_norm(x, self.eps), shift, scale)
-        return F.linear(h, self.head.weight.float(), self.head.bias.float())
+        return linear_fp32(self.head, modulate(layer_norm(x, self.eps), shift, scale))
 
 
 class ImageEmbedding(nn.Module):
@@ -174,7 +185,13 @@ class ImageEmbedding(nn.Module):
         if hasattr(self, "emb_pos"):
             b, n, d = clip_tokens.shape
             clip_tokens = clip_tokens.reshape(-1, 2 * n, d) + self.emb_pos
-        return self.proj(clip_tokens.float())
+        x = clip_tokens.float()
+        for layer in self.proj:
+            if isinstance(layer, nn.LayerNorm):
+                x = layer_norm(x, layer.eps, layer)
+            else:
+                x = linear_fp32(layer, x) if isinstance(layer, nn.Linear) else layer(x)
+        return x
 
 
 def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -235,8 +252,8 @@ class WanDiT(nn.Module):
         grouped = group_timesteps(t.to(self.patch_embedding.weight.device), batch, grid)
         b, groups = grouped.shape
         sinusoid = sinusoidal_embedding(grouped.flatten(), self.config.freq_dim)
-        e = self.time_embedding(sinusoid).view(b, groups, -1)
-        e0 = self.time_projection(e).view(b, groups, 6, -1)
+        e = mlp_fp32(self.time_embedding, sinusoid).view(b, groups, -1)
+        e0 = mlp_fp32(self.time_projection, e).view(b, groups, 6, -1)
         return e, e0
 
     def embed_text(self, context: torch.Tensor) -> torch.Tensor:
@@ -248,7 +265,7 @@ class WanDiT(nn.Module):
                              f"{self.config.text_dim} (umT5-xxl)")
         if length < self.config.text_len:
             context = F.pad(context, (0, 0, 0, self.config.text_len - length))
-        return self.text_embedding(context.float())
+        return mlp_fp32(self.text_embedding, context)
 
     def patchify(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         b, c, f, h, w = x.shape
@@ -258,8 +275,8 @@ class WanDiT(nn.Module):
         if f % pt or h % ph or w % pw:
             raise ValueError(f"latent size {f}x{h}x{w} is not a multiple of the patch "
                              f"{pt}x{ph}x{pw}")
-        weight = self.patch_embedding.weight
-        tokens = self.patch_embedding(x.to(weight.dtype))
+        conv = self.patch_embedding
+        tokens = F.conv3d(x.float(), conv.weight.float(), conv.bias.float(), stride=conv.stride)
         grid = tuple(tokens.shape[2:])
         return tokens.flatten(2).transpose(1, 2).float(), grid
 
@@ -307,10 +324,18 @@ class WanDiT(nn.Module):
 
 
 def is_block_linear(key: str) -> bool:
-    """Keys of the large block matrices that run in compute_dtype (and may be quantized);
-    everything else (embeddings, norms, modulation, head) stays in float32."""
+    """Keys of the large block matrices that run in compute_dtype (and may be quantized)."""
     parts = key.split(".")
     return (len(parts) >= 5 and parts[0] == "blocks" and parts[-1] in ("weight", "bias")
             and (parts[2] in ("self_attn", "cross_attn") and parts[3] in
                  ("q", "k", "v", "o", "k_img", "v_img")
                  or parts[2] == "ffn"))
+
+
+def keeps_float32(key: str) -> bool:
+    """Norm gains and modulation tables stay float32 in any load dtype (they are tiny). Other
+    tensors are stored in the load dtype; the embeddings and the head still compute in float32."""
+    leaf_module = key.rsplit(".", 1)[0]
+    return (key.endswith("modulation") or key == "img_emb.emb_pos"
+            or leaf_module.split(".")[-1].startswith("norm")
+            or leaf_module in ("img_emb.proj.0", "img_emb.proj.4"))

@@ -1,0 +1,179 @@
+"""The DiT against the reference outputs, plus invariants of its inputs and numerics."""
+
+import json
+
+import pytest
+import torch
+
+from wan_enhanced.conformance import run_dit
+from wan_enhanced.conformance.golden_file import read_golden
+from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig
+from wan_enhanced.wan.dit import WanDiT, group_timesteps, sinusoidal_embedding
+from wan_enhanced.wan.rope import rope_angles
+
+
+@pytest.mark.parametrize("name", ["dit_wan21", "dit_wan22_ti2v"])
+def test_golden(golden_dir, name):
+    scores = run_dit.run(read_golden(golden_dir / f"{name}.safetensors"))
+    for s in scores:
+        print(s.line())
+    assert scores and all(s.passed for s in scores)
+    # a faithful float32 implementation lands near 1e-6, far inside the 1e-5 tolerance
+    assert max(s.max_rel for s in scores) < 2e-6
+
+
+def test_golden_intermediates(golden_dir):
+    """The embeddings and the first block agree with the reference's debug tensors."""
+    golden = read_golden(golden_dir / "dit_wan21.safetensors")
+    model = run_dit.build(golden)
+    case = golden.cases()[0]
+    x, t, context = case.inputs["x"], case.inputs["t"], case.inputs["context"]
+    with torch.no_grad():
+        tokens, grid = model.patchify(x)
+        e, e0 = model.embed_time(t, 1, grid)
+        text = model.embed_text(context)
+    debug = {k[len("debug."):]: v for k, v in golden.tensors.items() if k.startswith("debug.")}
+    torch.testing.assert_close(tokens, debug["patch_embedding"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(e[:, 0], debug["time_embedding"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(e0[:, 0].flatten(1), debug["time_projection"], rtol=0, atol=1e-4)
+    torch.testing.assert_close(text, debug["text_embedding"], rtol=0, atol=1e-5)
+
+
+def test_missing_padding_is_detected(golden_dir):
+    """Feeding the reference's y_nopad case proves the text padding matters (~40% of max|y|)."""
+    golden = read_golden(golden_dir / "dit_wan21.safetensors")
+    model = run_dit.build(golden)
+    case = golden.cases()[0]
+    with torch.no_grad():
+        y = model(case.inputs["x"], case.inputs["t"], case.inputs["context"])
+    nopad = golden.tensors["output.y_nopad"]
+    assert (y - nopad).abs().max() / nopad.abs().max() > 0.1
+
+
+def _tiny(**kw) -> WanDiT:
+    torch.manual_seed(0)
+    cfg = DiTConfig(dim=64, ffn_dim=96, num_heads=2, num_layers=2, **kw)
+    model = WanDiT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model
+
+
+def test_timestep_forms_agree():
+    """[B], [B, F] and [B, L] timesteps give the same output when they carry the same values."""
+    model = _tiny(in_dim=48, out_dim=48)
+    x = torch.randn(1, 48, 3, 4, 6)
+    ctx = torch.randn(1, 5, 4096)
+    per_frame = torch.tensor([[0.0, 500.0, 500.0]])
+    per_token = per_frame.repeat_interleave(2 * 3, dim=1)
+    with torch.no_grad():
+        a = model(x, per_frame, ctx)
+        b = model(x, per_token, ctx)
+        c = model(x, torch.tensor([500.0]), ctx)
+        d = model(x, torch.full((1, 3), 500.0), ctx)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # one time-MLP row against three: only matmul rounding differs
+    assert (c - d).abs().max() / c.abs().max() < 1e-5
+    assert (a - c).abs().max() > 1e-3  # frame 0 at t=0 changes the result
+
+
+def test_group_timesteps_shapes():
+    grid = (3, 2, 2)
+    assert group_timesteps(torch.tensor([5.0]), 2, grid).shape == (2, 1)
+    assert group_timesteps(torch.ones(2, 3), 2, grid).shape == (2, 3)
+    varying = torch.arange(12.0).view(1, 12)
+    assert group_timesteps(varying, 1, grid).shape == (1, 12)
+    with pytest.raises(ValueError, match="per latent frame"):
+        group_timesteps(torch.ones(1, 5), 1, grid)
+
+
+def test_batch_matches_single():
+    model = _tiny()
+    x = torch.randn(2, 16, 2, 4, 4)
+    ctx = torch.randn(2, 7, 4096)
+    t = torch.tensor([900.0, 300.0])
+    with torch.no_grad():
+        both = model(x, t, ctx)
+        one = model(x[1:], t[1:], ctx[1:])
+    assert (both[1:] - one).abs().max() / one.abs().max() < 1e-5
+
+
+def test_context_longer_than_text_len_is_used_whole():
+    model = _tiny()
+    x = torch.randn(1, 16, 1, 4, 4)
+    with torch.no_grad():
+        y = model(x, torch.tensor([500.0]), torch.randn(1, 600, 4096))
+    assert y.shape == x.shape and torch.isfinite(y).all()
+
+
+def test_blocks_argument_replaces_the_block_list():
+    model = _tiny()
+    x, ctx, t = torch.randn(1, 16, 1, 4, 4), torch.randn(1, 3, 4096), torch.tensor([10.0])
+    calls = []
+
+    def supplied():
+        for block in model.blocks:
+            calls.append(block)
+            yield block
+
+    with torch.no_grad():
+        assert torch.equal(model(x, t, ctx, blocks=supplied()), model(x, t, ctx))
+    assert calls == list(model.blocks)
+
+
+def test_bfloat16_compute_close_to_float32():
+    model = _tiny()
+    x, ctx, t = torch.randn(1, 16, 2, 4, 4), torch.randn(1, 3, 4096), torch.tensor([700.0])
+    with torch.no_grad():
+        ref = model(x, t, ctx)
+        for block in model.blocks:
+            for name, module in block.named_modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.to(torch.bfloat16)
+        model.compute_dtype = torch.bfloat16
+        low = model(x, t, ctx)
+    assert low.dtype == torch.float32
+    assert (low - ref).abs().max() / ref.abs().max() < 3e-2
+
+
+def test_bad_inputs_name_what_was_expected():
+    model = _tiny()
+    with pytest.raises(ValueError, match="expects 16"):
+        model(torch.randn(1, 12, 1, 4, 4), torch.tensor([1.0]), torch.randn(1, 3, 4096))
+    with pytest.raises(ValueError, match="multiple of the patch"):
+        model(torch.randn(1, 16, 1, 5, 4), torch.tensor([1.0]), torch.randn(1, 3, 4096))
+    with pytest.raises(ValueError, match="width 768"):
+        model(torch.randn(1, 16, 1, 4, 4), torch.tensor([1.0]), torch.randn(1, 3, 768))
+
+
+def test_rope_split_and_float64_angles():
+    cfg = KNOWN_DITS["wan2.1-t2v-14b"].config
+    assert cfg.rope_pairs == (22, 21, 21)
+    angles = rope_angles((2, 3, 4), (2, 1, 1))
+    assert angles.dtype == torch.float64 and angles.shape == (24, 4)
+    # token (f=1, h=2, w=3) is index 1*12 + 2*4 + 3 = 23: width pair angle = 3 * 1
+    assert angles[23, 3].item() == 3.0 and angles[23, 2].item() == 2.0
+
+
+def test_sinusoid_is_float64_then_cast():
+    t = torch.tensor([873.0, 437.5])
+    emb = sinusoidal_embedding(t, 256)
+    exact = torch.cat([torch.cos(t.double()[:, None] * torch.pow(10000.0, -torch.arange(
+        128).double() / 128)), torch.sin(t.double()[:, None] * torch.pow(10000.0, -torch.arange(
+            128).double() / 128))], 1).float()
+    assert torch.equal(emb, exact)
+
+
+def test_known_configs_build_on_meta_with_manifest_shapes():
+    manifests = json.load(open(__import__("pathlib").Path(__file__).parent / "data" /
+                               "key_manifests.json"))
+    pairs = {"wan21_t2v_1.3B": "wan2.1-t2v-1.3b", "wan21_t2v_14B": "wan2.1-t2v-14b",
+             "wan21_i2v_14B": "wan2.1-i2v-14b", "wan22_ti2v_5B": "wan2.2-ti2v-5b",
+             "wan22_i2v_A14B_expert": "wan2.2-i2v-a14b"}
+    for manifest, name in pairs.items():
+        with torch.device("meta"):
+            model = WanDiT(KNOWN_DITS[name].config)
+        ours = {k: list(v.shape) for k, v in model.state_dict().items()}
+        theirs = {k: v[0] for k, v in manifests[f"official/{manifest}"].items()}
+        assert ours == theirs, name

@@ -1,0 +1,312 @@
+"""Loading DiT, VAE and text-encoder checkpoints into our modules.
+
+Every load follows the same steps, and fails before reading any weight when something is off:
+  1. open the file(s) and read the header: keys, shapes, dtypes;
+  2. identify the component and key layout, refuse a file of another component;
+  3. map the keys onto our names and infer the configuration from the shapes;
+  4. build the module on the meta device and compare every key and shape (strict both ways);
+  5. stream the tensors one by one, converted to the target dtype, and assign them.
+On any error the partly filled state is dropped, so nothing half-loaded stays referenced.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from ..wan.configs import SAME_SHAPE_ALIASES, DiTConfig, match_known
+from . import keymaps
+from .detect import (COMPONENT_NAMES, Identity, identify, infer_dit_config, infer_t5_config,
+                     infer_vae_config)
+from .reader import CheckpointError, TensorSource, open_checkpoint
+
+# Quantized checkpoints: per-layer scales stored beside the weights (ComfyUI's fp8 "scaled"
+# formats, old and new names) and marker tensors that carry no weights.
+_WEIGHT_SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
+_AUXILIARY_SUFFIXES = (".scale_input", ".input_scale", ".comfy_quant")
+_MARKER_KEYS = ("scaled_fp8", "spiece_model")
+
+KNOWN_VAES = {
+    "vae21": {"dim": 96, "z_dim": 16},
+    "vae22": {"dim": 160, "dec_dim": 256, "z_dim": 48},
+}
+KNOWN_T5 = {"umt5-xxl": {"vocab_size": 256384, "dim": 4096, "dim_attn": 4096, "dim_ffn": 10240,
+                         "num_heads": 64, "num_layers": 24, "num_buckets": 32}}
+
+
+@dataclass
+class CheckpointInfo:
+    path: Path
+    component: str
+    layout: str
+    config: DiTConfig | dict
+    known_as: str | None  # a released model's name, or None for a custom size
+    disk_dtypes: dict[str, int] = field(default_factory=dict)  # dtype name -> tensor count
+    fp8_scaled: bool = False
+
+    @property
+    def description(self) -> str:
+        name = self.known_as or "custom size"
+        return f"{COMPONENT_NAMES[self.component]} [{name}], {self.layout} layout"
+
+
+@dataclass
+class _Plan:
+    """Everything known before the first weight is read."""
+    source: TensorSource
+    identity: Identity
+    key_map: dict[str, str]  # our key -> file key
+    scales: dict[str, str]  # our key -> file key of its fp8 scale
+    info: CheckpointInfo
+
+
+def _plan(source: TensorSource, expected: tuple[str, ...], role: str) -> _Plan:
+    """Identify and map a checkpoint's keys; closes the source when it raises."""
+    path = source.path
+    try:
+        keys = source.keys()
+        identity = identify(keys)
+        if identity is None:
+            sample = ", ".join(sorted(keys)[:5])
+            raise CheckpointError(
+                f"{path}: unknown key layout: not a Wan DiT, Wan VAE or umT5 text encoder in any "
+                f"known layout (official, ComfyUI, diffusers, HF); first keys: {sample}")
+        if identity.component not in expected:
+            wanted = " or ".join(COMPONENT_NAMES[c] for c in expected)
+            raise CheckpointError(
+                f"{path}: this file is a {identity.description}, not a {wanted}; "
+                f"give it to the {_LOADER_FOR[identity.component]} instead of the {role}")
+        key_map, scales = _map_keys(path, source, identity)
+        dtypes: dict[str, int] = {}
+        for key in key_map.values():
+            name = str(source.dtype(key)).replace("torch.", "")
+            dtypes[name] = dtypes.get(name, 0) + 1
+        info = CheckpointInfo(path, identity.component, identity.layout, {}, None, dtypes,
+                              fp8_scaled=bool(scales))
+        return _Plan(source, identity, key_map, scales, info)
+    except BaseException:
+        source.close()
+        raise
+
+
+_LOADER_FOR = {"dit": "model loader", "vae21": "VAE loader", "vae22": "VAE loader",
+               "t5": "text encoder loader"}
+
+
+def _map_keys(path: Path, source: TensorSource, identity: Identity):
+    keys = source.keys()
+    auxiliary = {k for k in keys if k.endswith(_AUXILIARY_SUFFIXES) or k in _MARKER_KEYS}
+    scale_of = {}
+    for k in keys:
+        for suffix in _WEIGHT_SCALE_SUFFIXES:
+            if k.endswith(suffix):
+                scale_of[k[:-len(suffix)] + ".weight"] = k
+                auxiliary.add(k)
+    plain = [k for k in keys if k not in auxiliary]
+
+    if identity.component == "dit":
+        if identity.layout == "diffusers":
+            mapping = {k: keymaps.dit_diffusers_to_ours(k) for k in plain}
+        else:
+            p = identity.prefix
+            mapping = {k: (k[len(p):] if k.startswith(p) else None) for k in plain}
+        key_map = {ours: k for k, ours in mapping.items() if ours is not None}
+        unmapped = [k for k, ours in mapping.items() if ours is None]
+    elif identity.component in ("vae21", "vae22"):
+        if identity.layout == "diffusers":
+            key_map = keymaps.vae_diffusers_map(plain, nested=identity.component == "vae22")
+        else:
+            key_map = {k: k for k in plain}
+        unmapped = sorted(set(plain) - set(key_map.values()))
+    else:
+        if identity.layout == "hf":
+            key_map = keymaps.t5_hf_map(plain)
+            tied = {"shared.weight", "encoder.embed_tokens.weight"}
+            unmapped = sorted(set(plain) - set(key_map.values()) - tied)
+        else:
+            key_map = {k: k for k in plain}
+            unmapped = []
+    if unmapped:
+        raise CheckpointError(f"{path}: {len(unmapped)} keys fit no part of the "
+                              f"{identity.description}: {', '.join(unmapped[:5])}")
+    scales = {ours: scale_of[f] for ours, f in key_map.items() if f in scale_of}
+    return key_map, scales
+
+
+def _declared_heads(path: Path, source: TensorSource) -> int | None:
+    """A head count declared by the checkpoint: `config` metadata or a config.json beside it."""
+    candidates = []
+    if "config" in source.metadata:
+        candidates.append(source.metadata["config"])
+    folder = path if path.is_dir() else path.parent
+    if (folder / "config.json").is_file() and (path.is_dir() or "-of-" in path.name
+                                               or path.name.startswith("diffusion_pytorch_model")):
+        candidates.append((folder / "config.json").read_text())
+    for text in candidates:
+        try:
+            config = json.loads(text)
+        except ValueError:
+            continue
+        for key in ("num_heads", "num_attention_heads"):
+            if isinstance(config.get(key), int):
+                return config[key]
+    return None
+
+
+def _check_shapes(path: Path, module: nn.Module, plan: _Plan, what: str) -> None:
+    """Strict both ways: every module key present with the module's shape, nothing left over."""
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    found = {ours: plan.source.shape(f) for ours, f in plan.key_map.items()}
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing ({', '.join(missing[:4])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected ({', '.join(unexpected[:4])})")
+        if wrong:
+            parts.append(f"{len(wrong)} with other shapes (" + ", ".join(
+                f"{k} {list(found[k])} vs {list(expected[k])}" for k in wrong[:3]) + ")")
+        raise CheckpointError(f"{path}: shapes match no known configuration of {what}: "
+                              + "; ".join(parts))
+
+
+def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dtype]) -> None:
+    """Read each tensor once, convert, and assign; a failure drops everything read so far."""
+    state: dict[str, torch.Tensor] = {}
+    tensor = scale = None
+    try:
+        for ours, file_key in plan.key_map.items():
+            tensor = plan.source.read(file_key)
+            target = dtype_for(ours)
+            if ours in plan.scales:
+                scale = plan.source.read(plan.scales[ours]).float()
+                tensor = tensor.float() * scale.reshape(-1, *([1] * (tensor.dim() - 1))) \
+                    if scale.numel() > 1 else tensor.float() * scale
+            state[ours] = tensor.to(target)
+        module.load_state_dict(state, strict=True, assign=True)
+    except BaseException:
+        # the traceback keeps this frame alive: drop what it would otherwise hold
+        state.clear()
+        tensor = scale = None
+        raise
+    finally:
+        plan.source.close()
+
+
+def _fail_cleanly(plan: _Plan, exc: Exception, what: str):
+    plan.source.close()
+    raise CheckpointError(f"{plan.info.path}: shapes match no known configuration of {what}: "
+                          f"{exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+
+def prepare(source: TensorSource, expected: tuple[str, ...] = ("dit", "vae21", "vae22", "t5"),
+            role: str = "inspector") -> tuple[_Plan, nn.Module]:
+    """Everything before the first weight is read: identify, map, configure, build the module on
+    the meta device and compare every key and shape. Raises CheckpointError (source closed)."""
+    plan = _plan(source, expected, role)
+    info = _configure(plan)
+    try:
+        module = _meta_module(plan.identity.component, info.config)
+    except ValueError as exc:
+        _fail_cleanly(plan, exc, COMPONENT_NAMES[plan.identity.component])
+    try:
+        _check_shapes(plan.info.path, module, plan, COMPONENT_NAMES[plan.identity.component])
+    except CheckpointError:
+        plan.source.close()
+        raise
+    return plan, module
+
+
+def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
+    """Component, layout and configuration of any checkpoint, from its header alone."""
+    plan, _ = prepare(open_checkpoint(path))
+    plan.source.close()
+    return plan.info
+
+
+def _configure(plan: _Plan) -> CheckpointInfo:
+    """Fill plan.info with the configuration read from the shapes."""
+    component = plan.identity.component
+    shapes = {ours: plan.source.shape(f) for ours, f in plan.key_map.items()}
+    info = plan.info
+    try:
+        if component == "dit":
+            config = infer_dit_config(shapes, _declared_heads(info.path, plan.source))
+            known = match_known(config)
+            if known:
+                config = config.renamed(known)
+            info.config, info.known_as = config, known
+            if known in SAME_SHAPE_ALIASES:
+                info.known_as = " / ".join((known,) + SAME_SHAPE_ALIASES[known])
+        elif component in ("vae21", "vae22"):
+            config = infer_vae_config(component, shapes)
+            info.config = config
+            info.known_as = component if config == KNOWN_VAES[component] else None
+        else:
+            config = infer_t5_config(shapes)
+            info.config = config
+            info.known_as = next((n for n, c in KNOWN_T5.items() if c == config), None)
+    except (ValueError, KeyError) as exc:
+        _fail_cleanly(plan, exc, COMPONENT_NAMES[component])
+    return info
+
+
+def _meta_module(component: str, config):
+    from ..wan.dit import WanDiT
+    from ..wan.t5 import UMT5Encoder
+    from ..wan.vae21 import WanVAE21
+    from ..wan.vae22 import WanVAE22
+
+    with torch.device("meta"):
+        if component == "dit":
+            return WanDiT(config)
+        if component == "vae21":
+            return WanVAE21(**config)
+        if component == "vae22":
+            return WanVAE22(**config)
+        return UMT5Encoder(**config)
+
+
+def _load(path, expected, role) -> tuple[nn.Module, CheckpointInfo, _Plan]:
+    plan, module = prepare(open_checkpoint(path), expected, role)
+    return module, plan.info, plan
+
+
+def load_dit(path: str | Path, dtype: torch.dtype = torch.bfloat16):
+    """A WanDiT on the CPU: block matrices and embeddings in `dtype`, norms and modulation in
+    float32; fp8-scaled files are dequantized with their scales."""
+    from ..wan.dit import keeps_float32
+
+    module, info, plan = _load(path, ("dit",), "model loader")
+    module.compute_dtype = dtype
+    _stream(plan, module, lambda k: torch.float32 if keeps_float32(k) else dtype)
+    return module.eval().requires_grad_(False), info
+
+
+def load_vae(path: str | Path, dtype: torch.dtype = torch.float32):
+    """A Wan2.1 or Wan2.2 VAE (told apart by its keys) on the CPU."""
+    module, info, plan = _load(path, ("vae21", "vae22"), "VAE loader")
+    _stream(plan, module, lambda k: dtype)
+    return module.eval().requires_grad_(False), info
+
+
+def load_text_encoder(path: str | Path, dtype: torch.dtype = torch.bfloat16):
+    """The umT5 encoder on the CPU, plus the sentencepiece model bytes when the file embeds one
+    (ComfyUI's text-encoder files carry it as a uint8 tensor `spiece_model`)."""
+    module, info, plan = _load(path, ("t5",), "text encoder loader")
+    spiece = None
+    if "spiece_model" in plan.source.keys():
+        spiece = plan.source.read("spiece_model").numpy().tobytes()
+    _stream(plan, module, lambda k: dtype)
+    return module.eval().requires_grad_(False), spiece, info
+

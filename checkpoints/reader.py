@@ -1,0 +1,227 @@
+"""Reading checkpoint files tensor by tensor.
+
+Sources expose the key list, shapes and dtypes without reading any weights (safetensors headers,
+the shard index), then hand out one tensor at a time converted to the requested dtype, so a model
+is never held twice in memory while it loads.
+
+Supported: a single .safetensors file; sharded safetensors (`*.safetensors.index.json`, a shard
+of such a set, or a folder holding one); official .pth/.pt/.bin files, opened only with
+`torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and what was expected."""
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+
+
+class TensorSource:
+    """Keys, shapes and dtypes of a checkpoint, and tensors read one at a time."""
+
+    path: Path
+
+    def keys(self) -> list[str]:
+        raise NotImplementedError
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def dtype(self, key: str) -> torch.dtype:
+        raise NotImplementedError
+
+    def read(self, key: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: self.shape(k) for k in self.keys()}
+
+
+class SafetensorsSource(TensorSource):
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._file = safe_open(str(path), framework="pt", device="cpu")
+            self._keys = list(self._file.keys())
+            self._meta = self._file.metadata() or {}
+            self._info = {}
+            for key in self._keys:
+                part = self._file.get_slice(key)
+                self._info[key] = (tuple(part.get_shape()), part.get_dtype())
+        except Exception as exc:  # the library raises its own error type for damaged files
+            raise CheckpointError(
+                f"{path}: not a readable safetensors file (truncated or corrupt?): {exc}") from exc
+
+    def keys(self):
+        return self._keys
+
+    def shape(self, key):
+        return self._info[key][0]
+
+    def dtype(self, key):
+        name = self._info[key][1]
+        if name not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{self.path}: tensor {key!r} has unsupported dtype {name}")
+        return _SAFETENSORS_DTYPES[name]
+
+    def read(self, key):
+        try:
+            return self._file.get_tensor(key)
+        except Exception as exc:
+            raise CheckpointError(f"{self.path}: cannot read tensor {key!r}: {exc}") from exc
+
+    @property
+    def metadata(self):
+        return self._meta
+
+    def close(self):
+        self._file = None
+
+
+class ShardedSource(TensorSource):
+    """A set of safetensors shards described by an index `{"weight_map": {key: shard}}`."""
+
+    def __init__(self, index_path: Path):
+        self.path = index_path
+        try:
+            index = json.loads(index_path.read_text())
+            weight_map = index["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index_path}: not a shard index with a 'weight_map' ({exc})") \
+                from exc
+        self._where: dict[str, SafetensorsSource] = {}
+        shards: dict[str, SafetensorsSource] = {}
+        for shard_name in sorted(set(weight_map.values())):
+            shard_path = index_path.parent / shard_name
+            if not shard_path.is_file():
+                raise CheckpointError(f"{index_path}: shard {shard_name!r} listed in the index is "
+                                      f"missing from {index_path.parent}")
+            shards[shard_name] = SafetensorsSource(shard_path)
+        for key, shard_name in weight_map.items():
+            if key not in shards[shard_name].keys():
+                raise CheckpointError(f"{index_path}: the index puts {key!r} in {shard_name}, "
+                                      f"which does not hold it")
+            self._where[key] = shards[shard_name]
+        self._shards = shards
+
+    def keys(self):
+        return list(self._where)
+
+    def shape(self, key):
+        return self._where[key].shape(key)
+
+    def dtype(self, key):
+        return self._where[key].dtype(key)
+
+    def read(self, key):
+        return self._where[key].read(key)
+
+    @property
+    def metadata(self):
+        return next(iter(self._shards.values())).metadata if self._shards else {}
+
+    def close(self):
+        for shard in self._shards.values():
+            shard.close()
+
+
+class TorchFileSource(TensorSource):
+    """A pickled state dict, opened with weights_only=True (no arbitrary code runs)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointError(
+                f"{path}: refused to load: the file needs arbitrary code to unpickle, which is "
+                f"never run; only plain state dicts of tensors are accepted ({exc})") from exc
+        except (RuntimeError, OSError, EOFError, ValueError) as exc:
+            raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({exc})") from exc
+        for wrapper in ("state_dict", "model", "module"):
+            if isinstance(state, dict) and isinstance(state.get(wrapper), dict) and len(state) <= 3:
+                state = state[wrapper]
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{path}: expected a state dict, found {type(state).__name__}")
+        self._state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        if not self._state:
+            raise CheckpointError(f"{path}: the file holds no tensors")
+
+    def keys(self):
+        return list(self._state)
+
+    def shape(self, key):
+        return tuple(self._state[key].shape)
+
+    def dtype(self, key):
+        return self._state[key].dtype
+
+    def read(self, key):
+        # a copy, so the loaded model does not stay backed by the file mapping
+        return self._state[key].clone()
+
+    def close(self):
+        self._state = {}
+
+
+def _find_index(folder: Path) -> Path | None:
+    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    return indexes[0] if len(indexes) == 1 else None
+
+
+def open_checkpoint(path: str | Path) -> TensorSource:
+    """Open any supported checkpoint form; errors name the path and what was expected."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or folder")
+    if path.is_dir():
+        index = _find_index(path)
+        if index is not None:
+            return ShardedSource(index)
+        singles = sorted(path.glob("*.safetensors"))
+        if len(singles) == 1:
+            return SafetensorsSource(singles[0])
+        raise CheckpointError(f"{path}: a folder needs one *.safetensors file or one "
+                              f"*.safetensors.index.json shard index; found {len(singles)} "
+                              f"safetensors files and no usable index")
+    name = path.name
+    if name.endswith(".index.json"):
+        return ShardedSource(path)
+    if name.endswith(".safetensors"):
+        if "-of-" in name:  # one shard of a set: read the whole set through its index
+            index = _find_index(path.parent)
+            if index is not None:
+                return ShardedSource(index)
+        return SafetensorsSource(path)
+    if path.suffix in (".pth", ".pt", ".bin", ".ckpt"):
+        return TorchFileSource(path)
+    raise CheckpointError(f"{path}: unknown checkpoint format; expected .safetensors, a shard "
+                          f"index (.safetensors.index.json) or .pth/.pt/.bin")

@@ -1,0 +1,304 @@
+"""Random-weight checkpoints in every on-disk layout we read, for tests, the demo and benchmarks.
+
+Sizes are tiny by default but any configuration works (the benchmark writes real sizes). The
+weights are seeded, unit-scale fan-in random values with norm gains near 1, so every tensor
+visibly affects the outputs. Files are written to a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ..wan.configs import DiTConfig
+from ..wan.dit import WanDiT, is_block_linear
+from . import keymaps
+
+TINY_DIT = {
+    # head_dim 128 like every released size, so no config has to travel with the file
+    "t2v": DiTConfig(name="tiny-t2v", dim=256, ffn_dim=512, num_heads=2, num_layers=2),
+    "ti2v": DiTConfig(name="tiny-ti2v", in_dim=48, out_dim=48, dim=256, ffn_dim=512,
+                      num_heads=2, num_layers=2),
+    "i2v": DiTConfig(name="tiny-i2v", in_dim=36, dim=256, ffn_dim=512, num_heads=2,
+                     num_layers=2, image_embedding=True, image_dim=64),
+}
+TINY_VAE = {"vae21": {"dim": 8, "z_dim": 16}, "vae22": {"dim": 8, "dec_dim": 12, "z_dim": 48}}
+TINY_T5 = {"vocab_size": 256, "dim": 64, "dim_attn": 64, "dim_ffn": 128, "num_heads": 4,
+           "num_layers": 2, "num_buckets": 32}
+
+
+# -- random weights ----------------------------------------------------------------------------
+
+def randomize(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """A seeded random state dict for `module` (built on any device; values made on the CPU)."""
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, tensor in module.state_dict().items():
+        shape = tuple(tensor.shape)
+        leaf = name.rsplit(".", 1)[-1]
+        noise = torch.randn(shape, generator=gen)
+        if leaf in ("gamma",) or (leaf == "weight" and len(shape) == 1):
+            value = 1.0 + 0.1 * noise  # norm gains
+        elif leaf == "bias":
+            value = 0.02 * noise
+        elif name.endswith("modulation"):
+            value = noise / shape[-1] ** 0.5
+        elif "pos_embedding" in name or "emb_pos" in name or "token_embedding" in name:
+            value = 0.5 * noise
+        else:
+            fan_in = max(1, int(torch.tensor(shape[1:]).prod())) if len(shape) > 1 else 1
+            value = noise / fan_in ** 0.5
+        state[name] = value.contiguous()
+    return state
+
+
+def _atomic_save(state: dict[str, torch.Tensor], path: Path, metadata: dict | None = None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    if path.suffix == ".safetensors":
+        save_file(state, str(tmp), metadata=metadata)
+    else:
+        torch.save(state, str(tmp))
+    os.replace(tmp, path)
+
+
+def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
+
+
+# -- DiT ---------------------------------------------------------------------------------------
+
+_DIFFUSERS_TOP = {v: k for k, v in keymaps._DIT_DIFFUSERS_TOP.items()}
+_DIFFUSERS_BLOCK = {v: k for k, v in keymaps._DIT_DIFFUSERS_BLOCK.items()}
+
+
+def dit_ours_to_diffusers(key: str) -> str:
+    block = re.match(r"blocks\.(\d+)\.(.+)$", key)
+    table, rest = (_DIFFUSERS_BLOCK, block.group(2)) if block else (_DIFFUSERS_TOP, key)
+    module, leaf = keymaps._split_module(rest)
+    mapped = keymaps._join(table[module], leaf)
+    return f"blocks.{block.group(1)}.{mapped}" if block else mapped
+
+
+def random_dit_state(config: DiTConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    with torch.device("meta"):
+        model = WanDiT(config)
+    return randomize(model, seed)
+
+
+def _official_config_json(config: DiTConfig) -> dict:
+    model_type = "ti2v" if config.out_dim == 48 else ("i2v" if config.in_dim == 36 else "t2v")
+    return {"_class_name": "WanModel", "model_type": model_type, "dim": config.dim,
+            "ffn_dim": config.ffn_dim, "freq_dim": config.freq_dim, "in_dim": config.in_dim,
+            "out_dim": config.out_dim, "num_heads": config.num_heads,
+            "num_layers": config.num_layers, "text_len": config.text_len, "eps": config.eps}
+
+
+def _diffusers_config_json(config: DiTConfig) -> dict:
+    return {"_class_name": "WanTransformer3DModel", "num_attention_heads": config.num_heads,
+            "attention_head_dim": config.head_dim, "in_channels": config.in_dim,
+            "out_channels": config.out_dim, "text_dim": config.text_dim,
+            "freq_dim": config.freq_dim, "ffn_dim": config.ffn_dim,
+            "num_layers": config.num_layers, "patch_size": list(config.patch_size),
+            "eps": config.eps, "cross_attn_norm": config.cross_attn_norm,
+            "qk_norm": "rms_norm_across_heads",
+            "image_dim": config.image_dim if config.image_embedding else None,
+            "added_kv_proj_dim": config.dim if config.image_embedding else None}
+
+
+def fp8_scaled(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The block matrices as float8_e4m3fn with a per-tensor `scale_weight`, plus the
+    `scaled_fp8` marker, as ComfyUI's fp8-scaled files store them."""
+    out = {}
+    for key, value in state.items():
+        if is_block_linear(key.removeprefix("model.diffusion_model.")) and key.endswith(".weight"):
+            scale = value.abs().max().float() / 448.0
+            out[key] = (value / scale).to(torch.float8_e4m3fn)
+            out[key[:-len(".weight")] + ".scale_weight"] = scale.reshape(())
+        else:
+            out[key] = value
+    out["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    return out
+
+
+def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str = "comfy",
+              seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+              state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write a DiT checkpoint. Layouts:
+    official  - folder with diffusion_pytorch_model.safetensors + config.json
+    sharded   - folder with 2 shards, the .index.json and config.json (as the 14B releases)
+    comfy     - one file, keys under model.diffusion_model.
+    comfy_fp8 - as comfy, block matrices fp8-scaled
+    diffusers - folder with diffusers names + config.json
+    Returns the path to hand to the loader.
+    """
+    path = Path(path)
+    state = _cast(state if state is not None else random_dit_state(config, seed), dtype)
+    if layout in ("comfy", "comfy_fp8"):
+        prefixed = {"model.diffusion_model." + k: v for k, v in state.items()}
+        if layout == "comfy_fp8":
+            prefixed = fp8_scaled(prefixed)
+        _atomic_save(prefixed, path)
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    if layout == "diffusers":
+        _atomic_save({dit_ours_to_diffusers(k): v for k, v in state.items()},
+                     path / "diffusion_pytorch_model.safetensors")
+        (path / "config.json").write_text(json.dumps(_diffusers_config_json(config), indent=1))
+        return path
+    (path / "config.json").write_text(json.dumps(_official_config_json(config), indent=1))
+    if layout == "official":
+        _atomic_save(state, path / "diffusion_pytorch_model.safetensors")
+        return path
+    if layout == "sharded":
+        keys = sorted(state)
+        halves = [keys[: len(keys) // 2], keys[len(keys) // 2:]]
+        weight_map = {}
+        for i, part in enumerate(halves, start=1):
+            name = f"diffusion_pytorch_model-{i:05d}-of-{len(halves):05d}.safetensors"
+            _atomic_save({k: state[k] for k in part}, path / name)
+            weight_map.update({k: name for k in part})
+        index = {"metadata": {}, "weight_map": weight_map}
+        (path / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
+        return path
+    raise ValueError(f"unknown DiT layout {layout!r}")
+
+
+# -- VAE ---------------------------------------------------------------------------------------
+
+_VAE_RESNET_TO_DIFFUSERS = {v: k for k, v in keymaps._VAE_DIFFUSERS_RESNET.items()}
+
+
+def _vae_inner_to_diffusers(rest: str) -> str:
+    for ours, theirs in _VAE_RESNET_TO_DIFFUSERS.items():
+        if rest.startswith(ours + "."):
+            return theirs + rest[len(ours):]
+    return rest
+
+
+def vae_ours_to_diffusers(keys: list[str], nested: bool) -> dict[str, str]:
+    """{our_key: diffusers_key} for a VAE state dict (inverse of keymaps.vae_diffusers_map)."""
+    def is_resample(prefix):
+        return any(k.startswith(prefix + "resample.") or k.startswith(prefix + "time_conv.")
+                   for k in keys)
+
+    flat_decoder: dict[int, str] = {}
+    if not nested:  # decoder stages: residual blocks, then one upsampler (not after the last)
+        indices = sorted({int(m.group(1)) for k in keys
+                          if (m := re.match(r"decoder\.upsamples\.(\d+)\.", k))})
+        stage, j = 0, 0
+        for i in indices:
+            if is_resample(f"decoder.upsamples.{i}."):
+                flat_decoder[i] = f"up_blocks.{stage}.upsamplers.0"
+                stage, j = stage + 1, 0
+            else:
+                flat_decoder[i] = f"up_blocks.{stage}.resnets.{j}"
+                j += 1
+
+    out = {}
+    for key in keys:
+        side, _, rest = key.partition(".")
+        if side == "conv1":
+            out[key] = "quant_conv." + rest
+        elif side == "conv2":
+            out[key] = "post_quant_conv." + rest
+        else:
+            out[key] = f"{side}." + _vae_side_to_diffusers(side, rest, nested, is_resample,
+                                                          flat_decoder)
+    return out
+
+
+def _vae_side_to_diffusers(side, rest, nested, is_resample, flat_decoder) -> str:
+    simple = {"conv1.": "conv_in.", "head.0.": "norm_out.", "head.2.": "conv_out."}
+    for ours, theirs in simple.items():
+        if rest.startswith(ours):
+            return theirs + rest[len(ours):]
+    m = re.match(r"middle\.(\d)\.(.+)$", rest)
+    if m:
+        slot = {"0": "resnets.0", "1": "attentions.0", "2": "resnets.1"}[m.group(1)]
+        return f"mid_block.{slot}.{_vae_inner_to_diffusers(m.group(2))}"
+    if side == "encoder":
+        if nested:
+            m = re.match(r"downsamples\.(\d+)\.downsamples\.(\d+)\.(.+)$", rest)
+            i, j, inner = m.groups()
+            slot = ("downsampler" if is_resample(f"encoder.downsamples.{i}.downsamples.{j}.")
+                    else f"resnets.{j}")
+            return f"down_blocks.{i}.{slot}.{_vae_inner_to_diffusers(inner)}"
+        m = re.match(r"downsamples\.(\d+)\.(.+)$", rest)
+        return f"down_blocks.{m.group(1)}.{_vae_inner_to_diffusers(m.group(2))}"
+    if nested:
+        m = re.match(r"upsamples\.(\d+)\.upsamples\.(\d+)\.(.+)$", rest)
+        i, j, inner = m.groups()
+        slot = ("upsampler" if is_resample(f"decoder.upsamples.{i}.upsamples.{j}.")
+                else f"resnets.{j}")
+        return f"up_blocks.{i}.{slot}.{_vae_inner_to_diffusers(inner)}"
+    m = re.match(r"upsamples\.(\d+)\.(.+)$", rest)
+    return f"{flat_decoder[int(m.group(1))]}.{_vae_inner_to_diffusers(m.group(2))}"
+
+
+def random_vae_state(component: str, config: dict | None = None, seed: int = 0):
+    from ..wan.vae21 import WanVAE21
+    from ..wan.vae22 import WanVAE22
+
+    config = config or TINY_VAE[component]
+    with torch.device("meta"):
+        model = (WanVAE21 if component == "vae21" else WanVAE22)(**config)
+    return randomize(model, seed)
+
+
+def write_vae(path: str | Path, component: str = "vae21", layout: str = "official",
+              config: dict | None = None, seed: int = 0, dtype: torch.dtype = torch.float32,
+              state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Layouts: official (.safetensors as ComfyUI ships it, or .pth as the official release
+    does, chosen by the file suffix) and diffusers (a folder with config.json)."""
+    path = Path(path)
+    state = _cast(state if state is not None else random_vae_state(component, config, seed), dtype)
+    if layout == "official":
+        _atomic_save(state, path)
+        return path
+    if layout == "diffusers":
+        names = vae_ours_to_diffusers(list(state), nested=component == "vae22")
+        path.mkdir(parents=True, exist_ok=True)
+        _atomic_save({names[k]: v for k, v in state.items()},
+                     path / "diffusion_pytorch_model.safetensors")
+        (path / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLWan"}))
+        return path
+    raise ValueError(f"unknown VAE layout {layout!r}")
+
+
+# -- text encoder ------------------------------------------------------------------------------
+
+def random_t5_state(config: dict | None = None, seed: int = 0):
+    from ..wan.t5 import UMT5Encoder
+
+    with torch.device("meta"):
+        model = UMT5Encoder(**(config or TINY_T5))
+    return randomize(model, seed)
+
+
+def write_text_encoder(path: str | Path, layout: str = "hf", config: dict | None = None,
+                       seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                       spiece_model: bytes | None = None) -> Path:
+    """Layouts: official (Wan T5 names, .pth like models_t5_umt5-xxl-enc-bf16.pth) and hf
+    (UMT5 names as ComfyUI's umt5_xxl files, with the sentencepiece model embedded as a uint8
+    tensor `spiece_model` when given)."""
+    from ..wan.t5 import wan_key_to_hf
+
+    path = Path(path)
+    state = _cast(random_t5_state(config, seed), dtype)
+    if layout == "official":
+        _atomic_save(state, path)
+        return path
+    if layout == "hf":
+        hf = {wan_key_to_hf(k): v for k, v in state.items()}
+        hf["encoder.embed_tokens.weight"] = hf["shared.weight"].clone()
+        if spiece_model is not None:
+            hf["spiece_model"] = torch.frombuffer(bytearray(spiece_model), dtype=torch.uint8)
+        _atomic_save(hf, path)
+        return path
+    raise ValueError(f"unknown text-encoder layout {layout!r}")

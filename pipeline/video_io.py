@@ -1,0 +1,227 @@
+"""IMAGE frames to MP4 (H.264 through PyAV), numbered output names, and reading an MP4 back.
+
+Quality is a CRF number, 0..51, as in ffmpeg/x264 and ComfyUI's video nodes: lower is better
+and larger; 17-19 looks lossless to most eyes, 23 is x264's default, +6 roughly halves the size.
+0 is mathematically lossless but needs the High 4:4:4 profile, which browsers do not play.
+
+Files are written next to their destination under a hidden temporary name and renamed when
+complete, so a failed or interrupted write never leaves a half-written video.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import secrets
+import threading
+from fractions import Fraction
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import av
+import numpy as np
+import torch
+
+DEFAULT_CRF = 19
+# Preferred first. libx264 ships with PyAV's wheels; the others cover builds without it.
+H264_ENCODERS = ("libx264", "libopenh264", "h264_videotoolbox", "h264_nvenc", "h264_qsv",
+                 "h264_amf", "h264_mf", "h264_vaapi")
+PIXEL_FORMAT = "yuv420p"  # what every player decodes
+BT709 = 1  # colour matrix, primaries and transfer tag (the HD standard; browsers assume it)
+
+
+def save_mp4(frames, path: str | Path, fps: float = 16, crf: int = DEFAULT_CRF,
+             encoder: str | None = None) -> Path:
+    """Encode `frames` to an H.264 MP4 at `path` and return the path.
+
+    frames: an IMAGE tensor [F,H,W,3] (float 0..1, or uint8 0..255), a numpy array of the same
+    form, or any iterable of [H,W,3] frames; frames are converted one at a time, so the video is
+    never held twice. The folder must exist. An existing file at `path` is replaced."""
+    path = Path(path)
+    rate = _frame_rate(fps)
+    if not (isinstance(crf, (int, np.integer)) and 0 <= crf <= 51):
+        raise ValueError(f"crf must be an integer from 0 to 51 (lower is better), got {crf!r}")
+    encoder = encoder or default_h264_encoder()
+    temp = _create_temp_beside(path)
+    try:
+        _encode(_uint8_frames(frames), temp, rate, int(crf), encoder)
+        os.replace(temp, path)
+    except BaseException:  # KeyboardInterrupt and host interrupts included
+        _remove_quietly(temp)
+        raise
+    return path
+
+
+def read_mp4(path: str | Path) -> tuple[torch.Tensor, float]:
+    """All frames of the first video stream as uint8 RGB [F,H,W,3], and the frame rate."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
+    if not frames:
+        raise ValueError(f"{path} has no video frames")
+    return torch.from_numpy(np.stack(frames)), float(rate)
+
+
+# -- numbered names ----------------------------------------------------------------------------
+
+_numbering_lock = threading.Lock()
+
+
+def next_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Path:
+    """The next free name folder/prefix_00001.mp4, prefix_00002.mp4, …, as ComfyUI numbers its
+    outputs. `prefix` may name subfolders ("wan/clip"), which are created and must stay inside
+    `folder`. The number follows the highest one in use with any extension (a video's preview
+    image keeps its number) and files still being written count as in use."""
+    folder = Path(folder)
+    subfolder, _, name = prefix.replace("\\", "/").lstrip("/").rpartition("/")
+    if not name:
+        raise ValueError(f"empty file name prefix {prefix!r}")
+    target = folder / subfolder if subfolder else folder
+    if not target.resolve().is_relative_to(folder.resolve()):
+        raise ValueError(f"prefix {prefix!r} leads outside the output folder {folder}")
+    ext = ext if ext.startswith(".") else f".{ext}"
+    with _numbering_lock:
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            names = os.listdir(target)
+        except OSError as error:
+            raise OSError(error.errno, f"cannot use the output folder {target}: "
+                                       f"{error.strerror or error}") from error
+        # ComfyUI's own images are named prefix_00001_.png: their numbers count as taken too.
+        numbered = re.compile(rf"^\.?{re.escape(name)}_(\d{{5,}})_?\.")
+        used = [int(match.group(1)) for match in map(numbered.match, names) if match]
+        return target / f"{name}_{max(used, default=0) + 1:05d}{ext}"
+
+
+# -- encoding ----------------------------------------------------------------------------------
+
+def _encode(frames: Iterator[np.ndarray], temp: Path, rate: Fraction, crf: int,
+            encoder: str) -> None:
+    # faststart moves the index to the front so browsers (ComfyUI's preview) play while loading.
+    with av.open(str(temp), mode="w", format="mp4",
+                 options={"movflags": "+faststart"}) as container:
+        stream = None
+        for index, rgb in enumerate(frames):
+            if stream is None:
+                stream = _add_stream(container, encoder, rate, crf, rgb.shape[1], rgb.shape[0])
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            frame = frame.reformat(format=PIXEL_FORMAT, dst_colorspace="ITU709",
+                                   dst_color_range="MPEG")
+            frame.pts = index
+            container.mux(stream.encode(frame))
+        if stream is None:
+            raise ValueError("no frames to write")
+        container.mux(stream.encode(None))  # flush the encoder's delayed frames
+
+
+def _add_stream(container, encoder: str, rate: Fraction, crf: int, width: int, height: int):
+    stream = container.add_stream(encoder, rate=rate)
+    stream.width, stream.height, stream.pix_fmt = width, height, PIXEL_FORMAT
+    context = stream.codec_context
+    context.time_base = 1 / rate
+    context.colorspace = context.color_primaries = context.color_trc = BT709
+    context.color_range = 1  # limited ("MPEG") range, what players expect from yuv420p
+    _set_quality(stream, encoder, crf, width * height * float(rate))
+    return stream
+
+
+def _set_quality(stream, encoder: str, crf: int, pixels_per_second: float) -> None:
+    if encoder == "libx264":
+        stream.options = {"crf": str(crf), "preset": "medium"}
+    elif encoder == "h264_nvenc":
+        stream.options = {"rc": "vbr", "cq": str(crf)}
+    else:
+        # Encoders without a CRF mode: a bit rate from the usual rule that +6 CRF halves it,
+        # anchored at about 0.1 bit per pixel for CRF 23.
+        stream.codec_context.bit_rate = int(0.1 * 2 ** ((23 - crf) / 6) * pixels_per_second)
+
+
+@functools.cache
+def default_h264_encoder() -> str:
+    """The first H.264 encoder of H264_ENCODERS that this PyAV build has and that opens here
+    (hardware encoders are compiled in even where their hardware is absent)."""
+    for name in H264_ENCODERS:
+        try:
+            context = av.CodecContext.create(name, "w")
+            context.width, context.height, context.pix_fmt = 64, 64, PIXEL_FORMAT
+            context.time_base = Fraction(1, 16)
+            context.open()
+            return name
+        except Exception:
+            continue
+    raise RuntimeError("this PyAV build has no usable H.264 encoder "
+                       f"(tried {', '.join(H264_ENCODERS)})")
+
+
+# -- frames ------------------------------------------------------------------------------------
+
+def _uint8_frames(frames) -> Iterator[np.ndarray]:
+    """RGB uint8 frames [H,W,3] of one size, with even sides, one at a time."""
+    if isinstance(frames, (torch.Tensor, np.ndarray)):
+        if frames.ndim != 4:
+            raise ValueError(f"expected frames [F,H,W,3], got shape {tuple(frames.shape)}")
+        frames = iter(frames)  # one [H,W,3] view at a time
+    elif not isinstance(frames, Iterable):
+        raise TypeError(f"expected an IMAGE tensor or an iterable of frames, got {type(frames)}")
+    first_size = None
+    for index, frame in enumerate(frames):
+        rgb = _to_uint8(frame)
+        first_size = first_size or rgb.shape[:2]
+        if rgb.shape[:2] != first_size:
+            raise ValueError(f"frame {index} is {rgb.shape[1]}x{rgb.shape[0]}, "
+                             f"the first was {first_size[1]}x{first_size[0]}")
+        yield _pad_to_even(rgb)
+
+
+def _to_uint8(frame) -> np.ndarray:
+    frame = torch.as_tensor(frame).detach().cpu()
+    if frame.ndim != 3 or frame.shape[-1] != 3:
+        raise ValueError(f"expected a frame [H,W,3] (RGB), got shape {tuple(frame.shape)}")
+    if frame.dtype != torch.uint8:
+        # nan_to_num copies this one frame; the in-place steps then work on that copy.
+        frame = frame.float().nan_to_num(0.0).clamp_(0, 1).mul_(255).round_().to(torch.uint8)
+    return frame.numpy()
+
+
+def _pad_to_even(rgb: np.ndarray) -> np.ndarray:
+    # yuv420p stores colour for 2x2 pixel blocks, so H.264 needs even sides: repeat the last
+    # row/column (invisible, unlike a black edge). The video is then one pixel larger.
+    height, width = rgb.shape[:2]
+    if height % 2 == 0 and width % 2 == 0:
+        return np.ascontiguousarray(rgb)
+    return np.pad(rgb, ((0, height % 2), (0, width % 2), (0, 0)), mode="edge")
+
+
+def _frame_rate(fps) -> Fraction:
+    try:  # numpy scalars are not all floats for Fraction; 23.976 and 29.97 stay exact enough
+        rate = Fraction(fps if isinstance(fps, int) else float(fps)).limit_denominator(1001)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"fps must be a number, got {fps!r}") from None
+    if rate <= 0:
+        raise ValueError(f"fps must be positive, got {fps!r}")
+    return rate
+
+
+# -- files -------------------------------------------------------------------------------------
+
+def _create_temp_beside(path: Path) -> Path:
+    """An empty hidden file in the destination folder: the rename at the end is then atomic."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"cannot write {path.name}: the folder {folder} does not exist")
+    temp = folder / f".{path.name}.{secrets.token_hex(4)}.partial"
+    try:
+        os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except OSError as error:  # OSError(errno, …) keeps the subclass: PermissionError, …
+        raise OSError(error.errno, f"cannot write {path.name} into the folder {folder}: "
+                                   f"{error.strerror or error}") from error
+    return temp
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,274 @@
+"""The memory event log: one JSON file per run, one event per point of interest.
+
+Nodes record events through the process-wide current log (`record_event("vae decode done",
+stage="decode", node="12")`); the memory probe node and the reports read the saved file.
+
+File schema "wan-enhanced-memory-events/1":
+
+    {
+      "schema": "wan-enhanced-memory-events/1",
+      "run": {
+        "id": "20250101-120000-1a2b3c",     sortable, unique per run
+        "started": 1735732800.0,            time.time() when the log began (same clock as events)
+        "started_iso": "2025-01-01T12:00:00+00:00",
+        "host": {
+          "python": "3.12.3", "torch": "2.6.0", "cuda": "12.4" | null,
+          "platform": "Linux-…", "pid": 1234,
+          "device": "cuda:0" | null, "device_name": "NVIDIA H100 80GB HBM3" | null,
+          "device_total_bytes": 85045231616 | null,   total VRAM
+          "ram_total_bytes": 135000000000             total RAM
+        },
+        "max_events": 100000,               the log keeps at most this many events
+        "dropped_events": 0                 events dropped (the oldest first) once full
+      },
+      "events": [
+        {
+          "index": 0,                       0, 1, 2, … in recording order; a gap after drops
+          "label": "sampler start", "stage": "sample", "node": "7",   free text, "" if unset
+          "extra": {…} | null,              caller data, stored as JSON (other objects as str)
+          "time": …, "monotonic": …, "device": "cuda:0" | null,
+          "cuda_allocated_bytes": int | null, "cuda_reserved_bytes": int | null,
+          "cuda_max_allocated_bytes": int | null, "cuda_max_reserved_bytes": int | null,
+          "rss_bytes": int,
+          "nvml_used_bytes": int | null, "nvml_total_bytes": int | null,
+          "peak_allocated_bytes": int | null,  torch peak allocated since the previous event
+          "peak_reserved_bytes": int | null    (or since the log began, for the first event)
+        }
+      ]
+    }
+
+All sizes are bytes; null means "not measurable here" (no CUDA, no NVML). The snapshot fields
+are described in profiling/snapshot.py.
+
+Peaks: the log owns torch's peak counters. After each event it calls
+torch.cuda.reset_peak_memory_stats, so an event's peak covers exactly the interval since the
+previous event; code that measures peaks itself should read them from the events instead.
+
+Compatibility: readers ignore keys they do not know; new keys (an NVML activity sampler's
+"samples", report paths, …) are added without changing the version. The version changes only
+when an existing key changes meaning.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import logging
+import os
+import platform
+import secrets
+import threading
+from pathlib import Path
+
+import psutil
+import torch
+
+from .. import host
+from .snapshot import NVML, cuda_index, reset_cuda_peaks, take_snapshot
+
+SCHEMA = "wan-enhanced-memory-events/1"
+DEFAULT_MAX_EVENTS = 100_000
+LOG_FOLDER = "wan_memory"  # inside the output folder
+
+logger = logging.getLogger(__name__)
+
+
+class EventLog:
+    """Memory events of one run. Appends are thread-safe; at most `max_events` are kept."""
+
+    def __init__(self, path: str | Path | None = None, max_events: int = DEFAULT_MAX_EVENTS,
+                 device=None):
+        if max_events < 1:
+            raise ValueError(f"max_events must be at least 1, got {max_events}")
+        self._lock = threading.Lock()
+        self._events: collections.deque[dict] = collections.deque(maxlen=max_events)
+        self._next_index = 0
+        self.dropped_events = 0
+        self.max_events = max_events
+        self.device = device
+        started = datetime.datetime.now(datetime.timezone.utc)
+        self.run = {
+            "id": started.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3),
+            "started": started.timestamp(),
+            "started_iso": started.isoformat(timespec="seconds"),
+            "host": host_info(device),
+        }
+        self.path = Path(path) if path is not None else default_log_path(self.run["id"])
+        reset_cuda_peaks(cuda_index(device))  # the first event's peak starts here
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def record(self, label: str, stage: str = "", node: str = "", extra=None) -> dict:
+        """Append an event: a snapshot, the torch peak since the previous event, and labels."""
+        extra = _as_json(extra)
+        with self._lock:
+            # Snapshot and reset under the lock so two threads' intervals never overlap.
+            index = cuda_index(self.device)
+            snapshot = take_snapshot(self.device)
+            reset_cuda_peaks(index)
+            event = {"index": self._next_index, "label": str(label), "stage": str(stage),
+                     "node": str(node), "extra": extra, **snapshot,
+                     "peak_allocated_bytes": snapshot["cuda_max_allocated_bytes"],
+                     "peak_reserved_bytes": snapshot["cuda_max_reserved_bytes"]}
+            self._next_index += 1
+            if len(self._events) == self.max_events:
+                self._note_drop()
+            self._events.append(event)
+        return dict(event)  # the caller's copy: changing it leaves the log as recorded
+
+    def _note_drop(self) -> None:
+        if self.dropped_events == 0:
+            logger.warning("memory event log %s is full (%d events): dropping the oldest events",
+                           self.run["id"], self.max_events)
+        self.dropped_events += 1
+
+    @property
+    def events(self) -> list[dict]:
+        with self._lock:
+            return [dict(event) for event in self._events]
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    # -- files -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        with self._lock:
+            events = list(self._events)
+            run = {**self.run, "max_events": self.max_events,
+                   "dropped_events": self.dropped_events}
+        if run["host"].get("device_name") is None:
+            run["host"] = host_info(self.device)  # CUDA may have come up since the log began
+        return {"schema": SCHEMA, "run": run, "events": events}
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the log as JSON, atomically: readers see the previous file or the new one,
+        never a partial one. Missing folders are created. Returns the path written."""
+        path = Path(path) if path is not None else self.path
+        _write_atomically(path, _dumps(self.to_dict()))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "EventLog":
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        schema = data.get("schema", "") if isinstance(data, dict) else ""
+        if schema.rpartition("/")[0] != SCHEMA.rpartition("/")[0]:
+            raise ValueError(f"{path} is not a memory event log (schema {schema!r})")
+        if schema != SCHEMA:
+            raise ValueError(f"{path} uses {schema}; this version reads {SCHEMA}")
+        run = dict(data["run"])
+        log = cls.__new__(cls)
+        log._lock = threading.Lock()
+        log.max_events = int(run.pop("max_events", DEFAULT_MAX_EVENTS))
+        log.dropped_events = int(run.pop("dropped_events", 0))
+        log._events = collections.deque(data["events"], maxlen=max(log.max_events, 1))
+        log._next_index = log._events[-1]["index"] + 1 if log._events else 0
+        log.device = None
+        log.run = run
+        log.path = Path(path)
+        return log
+
+
+# -- the process-wide current log --------------------------------------------------------------
+
+_current: EventLog | None = None
+_current_lock = threading.Lock()
+
+
+def current_log() -> EventLog:
+    """The log nodes record into; created on first use."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            _current = EventLog()
+        return _current
+
+
+def start_run(path: str | Path | None = None, max_events: int = DEFAULT_MAX_EVENTS,
+              device=None) -> EventLog:
+    """Begin a new log (a new run) and make it the current one. The previous log is left as it
+    is: save it first if it matters."""
+    global _current
+    log = EventLog(path, max_events=max_events, device=device)
+    with _current_lock:
+        _current = log
+    return log
+
+
+def record_event(label: str, stage: str = "", node: str = "", extra=None) -> dict:
+    return current_log().record(label, stage=stage, node=node, extra=extra)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def default_log_path(run_id: str) -> Path:
+    return host.output_directory() / LOG_FOLDER / f"{run_id}.json"
+
+
+def host_info(device=None) -> dict:
+    index = cuda_index(device)
+    name, total = None, None
+    try:
+        if index is not None and torch.cuda.is_initialized():
+            name = torch.cuda.get_device_name(index)
+            total = int(torch.cuda.get_device_properties(index).total_memory)
+    except Exception:
+        pass
+    if name is None and index is not None:  # before CUDA is up, ask the driver instead
+        name = NVML.device_name(index)
+        total = NVML.memory(index)["nvml_total_bytes"]
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "platform": platform.platform(),
+        "pid": os.getpid(),
+        "device": None if index is None else f"cuda:{index}",
+        "device_name": name,
+        "device_total_bytes": total,
+        "ram_total_bytes": psutil.virtual_memory().total,
+    }
+
+
+def _as_json(value):
+    """A JSON copy of caller data: checked now, not at save time, and detached from the caller."""
+    if value is None:
+        return None
+    return json.loads(json.dumps(value, default=str))
+
+
+def _dumps(data: dict) -> str:
+    """Readable and compact: the header indented, one event per line."""
+    head = json.dumps({k: v for k, v in data.items() if k != "events"}, indent=2)
+    events = ",\n".join("    " + json.dumps(event) for event in data["events"])
+    body = f'  "events": [\n{events}\n  ]' if events else '  "events": []'
+    return head[:-2] + ",\n" + body + "\n}\n"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    folder = path.parent
+    temp = folder / f".{path.name}.{secrets.token_hex(4)}.partial"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # os.open rather than mkstemp: the file gets the usual umask permissions, not 0600.
+        handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as error:  # OSError(errno, …) keeps the subclass: PermissionError, …
+        raise OSError(error.errno, f"cannot write the memory event log into {folder}: "
+                                   f"{error.strerror or error}") from error
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+__all__ = ["SCHEMA", "DEFAULT_MAX_EVENTS", "EventLog", "current_log", "start_run",
+           "record_event", "default_log_path", "host_info"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import golden_command
+from . import golden_command, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Wan2.1 / Wan2.2 video generation tools")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     golden_command.add_parser(commands)
+    run_command.add_parser(commands)
     return parser
 
 

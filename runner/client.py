@@ -1,0 +1,393 @@
+"""A client for a running ComfyUI server: queue an API-format workflow, follow it, fetch results.
+
+One run: open the websocket /ws?clientId=... first (so no message is missed), POST /prompt, read
+messages until `executing` with node null for our prompt_id, GET /history/{prompt_id}, then
+download every file the outputs' ui dicts list through GET /view. /history is also polled every
+few seconds, so a lost websocket only slows the run down. Ctrl-C while waiting removes the prompt
+from the queue and interrupts it on the server (POST /queue, POST /interrupt).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Mapping
+
+from .executor import EventCallback, RunEvent, ui_file_entries
+from .workflow import Issue, node_title
+
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
+
+
+class ServerError(RuntimeError):
+    """The server could not be reached or answered something unexpected."""
+
+
+class PromptRejected(ServerError):
+    """POST /prompt answered 400: ComfyUI's validation failed; `errors` lists its node errors."""
+
+    def __init__(self, error: Mapping, node_errors: Mapping, workflow: Mapping):
+        self.error, self.node_errors = dict(error or {}), dict(node_errors or {})
+        self.errors = _node_issues(self.node_errors, workflow)
+        headline = self.error.get("message") or "invalid prompt"
+        details = self.error.get("details")
+        lines = [f"ComfyUI rejected the workflow: {headline}"]
+        if self.errors:
+            lines += [f"  - {issue}" for issue in self.errors]
+        elif details:
+            lines += [f"  - {details}"]
+        super().__init__("\n".join(lines))
+
+
+class RemoteRunError(ServerError):
+    """A node failed on the server (websocket execution_error, or the history says so)."""
+
+    def __init__(self, prompt_id: str, data: Mapping):
+        self.prompt_id = prompt_id
+        self.node_id = data.get("node_id")
+        self.node_type = data.get("node_type")
+        self.exception_type = data.get("exception_type") or "error"
+        self.exception_message = str(data.get("exception_message") or "").strip()
+        self.traceback = "".join(data.get("traceback") or [])
+        super().__init__(f"node {self.node_id} ({self.node_type}) failed on the server: "
+                         f"{self.exception_type}: {self.exception_message}")
+
+
+class RemoteInterrupted(ServerError):
+    """The prompt was interrupted (by us on Ctrl-C, or by someone else)."""
+
+    def __init__(self, prompt_id: str, message: str):
+        self.prompt_id = prompt_id
+        super().__init__(message)
+
+
+@dataclass
+class ServerRunResult:
+    prompt_id: str
+    outputs: dict[str, dict]  # node id -> ui dict, from /history
+    files: list[str]  # downloaded paths
+    seconds: float
+    status: str
+
+
+class Client:
+    def __init__(self, url: str, *, client_id: str | None = None, timeout: float = 30.0,
+                 poll_seconds: float = 5.0, log: Callable[[str], None] | None = None):
+        if "://" not in url:
+            url = "http://" + url
+        self.base = url.rstrip("/")
+        self.client_id = client_id or str(uuid.uuid4())
+        self.timeout, self.poll_seconds = timeout, poll_seconds
+        self.log = log or (lambda message: None)
+        host = urllib.parse.urlsplit(self.base).hostname or ""
+        # A local server is never reached through an HTTP proxy from the environment.
+        handlers = [urllib.request.ProxyHandler({})] if host in LOOPBACK else []
+        self._opener = urllib.request.build_opener(*handlers)
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    def object_info(self) -> dict:
+        return self._json("GET", "/object_info")
+
+    def registry(self) -> dict[str, type]:
+        """Stand-in node classes built from /object_info: enough to type --set values and
+        resolve sweep keys for nodes this process does not have."""
+        return {name: _stand_in(name, info) for name, info in self.object_info().items()
+                if isinstance(info, Mapping)}
+
+    def submit(self, workflow: Mapping, extra_data: Mapping | None = None) -> str:
+        body = {"prompt": workflow, "client_id": self.client_id}
+        if extra_data:
+            body["extra_data"] = dict(extra_data)
+        status, reply = self._call("POST", "/prompt", body)
+        if status == 400:
+            reply = reply if isinstance(reply, Mapping) else {}
+            raise PromptRejected(reply.get("error") or {}, reply.get("node_errors") or {},
+                                 workflow)
+        if status != 200 or not isinstance(reply, Mapping) or "prompt_id" not in reply:
+            raise ServerError(f"POST /prompt on {self.base} answered {status}: "
+                              f"{_short(reply)}")
+        return str(reply["prompt_id"])
+
+    def history(self, prompt_id: str) -> dict | None:
+        """The finished prompt's entry, or None while it is queued or running."""
+        reply = self._json("GET", f"/history/{urllib.parse.quote(prompt_id)}")
+        entry = reply.get(prompt_id) if isinstance(reply, Mapping) else None
+        return entry if isinstance(entry, dict) else None
+
+    def interrupt(self, prompt_id: str | None = None) -> None:
+        self._call("POST", "/interrupt", {"prompt_id": prompt_id} if prompt_id else {})
+
+    def cancel(self, prompt_id: str) -> None:
+        """Remove the prompt if it is still queued, and stop it if it is running."""
+        for method, path, body in (("POST", "/queue", {"delete": [prompt_id]}),
+                                   ("POST", "/interrupt", {"prompt_id": prompt_id})):
+            try:
+                self._call(method, path, body)
+            except ServerError as exc:
+                self.log(f"warning: {exc}")
+
+    def download_outputs(self, outputs: Mapping[str, Mapping], out_dir: str | Path) -> list[Path]:
+        return [self.download(entry, out_dir) for entry in ui_file_entries(outputs)]
+
+    def download(self, entry: Mapping, out_dir: str | Path) -> Path:
+        """GET /view into out_dir/subfolder/filename ("temp"/"input" files under out_dir/type)."""
+        target = Path(out_dir)
+        if entry["type"] != "output":
+            target /= entry["type"]
+        for part in PurePosixPath(entry["subfolder"].replace("\\", "/")).parts:
+            if part not in ("", ".", "..", "/"):
+                target /= part
+        target /= PurePosixPath(entry["filename"].replace("\\", "/")).name
+        query = urllib.parse.urlencode({k: entry[k] for k in ("filename", "subfolder", "type")})
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        try:
+            with self._opener.open(f"{self.base}/view?{query}", timeout=self.timeout) as reply, \
+                    open(partial, "wb") as f:
+                while chunk := reply.read(1 << 20):
+                    f.write(chunk)
+        except urllib.error.HTTPError as exc:
+            partial.unlink(missing_ok=True)
+            raise ServerError(f"GET /view for {entry['filename']!r} answered {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            partial.unlink(missing_ok=True)
+            raise ServerError(f"downloading {entry['filename']!r} from {self.base} failed: "
+                              f"{getattr(exc, 'reason', exc)}") from None
+        partial.replace(target)
+        return target
+
+    def _json(self, method: str, path: str, body: Any = None) -> Any:
+        status, reply = self._call(method, path, body)
+        if status != 200:
+            raise ServerError(f"{method} {path} on {self.base} answered {status}: {_short(reply)}")
+        return reply
+
+    def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode("utf-8") if body is not None else None
+        request = urllib.request.Request(self.base + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with self._opener.open(request, timeout=self.timeout) as reply:
+                return reply.status, _decode(reply.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, _decode(exc.read())
+        except (urllib.error.URLError, OSError) as exc:
+            raise ServerError(f"cannot reach ComfyUI at {self.base}: "
+                              f"{getattr(exc, 'reason', exc)}") from None
+
+    # -- one run -------------------------------------------------------------------------------
+
+    def run(self, workflow: Mapping, out_dir: str | Path,
+            on_event: EventCallback | None = None) -> ServerRunResult:
+        """Queue the workflow, wait for it, download its files. Raises PromptRejected,
+        RemoteRunError, RemoteInterrupted (also after Ctrl-C) or ServerError."""
+        started = time.perf_counter()
+        ws = self._connect()
+        try:
+            prompt_id = self.submit(workflow)
+            try:
+                entry = self._wait(ws, prompt_id, _Tracker(workflow, on_event))
+            except KeyboardInterrupt:
+                self.cancel(prompt_id)
+                raise RemoteInterrupted(prompt_id, f"interrupted: asked {self.base} to stop "
+                                                   f"prompt {prompt_id}") from None
+        finally:
+            if ws is not None:
+                _close_quietly(ws)
+        _raise_if_failed(prompt_id, entry)
+        outputs = {k: v for k, v in (entry.get("outputs") or {}).items() if isinstance(v, dict)}
+        files = self.download_outputs(outputs, out_dir)
+        status = (entry.get("status") or {}).get("status_str", "success")
+        return ServerRunResult(prompt_id, outputs, [str(f) for f in files],
+                               time.perf_counter() - started, status)
+
+    def _connect(self):
+        try:
+            import websocket
+        except ImportError:
+            self.log("warning: the websocket-client package is missing; following the prompt "
+                     "by polling /history")
+            return None
+        scheme = "wss" if self.base.startswith("https") else "ws"
+        url = f"{scheme}://{self.base.split('://', 1)[1]}/ws?clientId={self.client_id}"
+        try:
+            ws = websocket.create_connection(url, timeout=self.timeout)
+            ws.settimeout(min(1.0, self.poll_seconds))
+            return ws
+        except (websocket.WebSocketException, OSError) as exc:
+            self.log(f"warning: no websocket at {url} ({exc}); following the prompt by polling "
+                     "/history")
+            return None
+
+    def _wait(self, ws, prompt_id: str, tracker: "_Tracker") -> dict:
+        last_poll = time.monotonic()
+        while True:
+            if ws is not None:
+                ws, text = self._receive(ws)
+                if text is not None:
+                    if tracker.handle(_parse(text), prompt_id):
+                        break
+                    continue
+            else:
+                time.sleep(min(0.5, self.poll_seconds))
+            if time.monotonic() - last_poll >= self.poll_seconds:
+                last_poll = time.monotonic()
+                entry = self.history(prompt_id)
+                if entry is not None:
+                    return entry
+        for _ in range(50):  # the history is written just before the final message
+            entry = self.history(prompt_id)
+            if entry is not None:
+                return entry
+            time.sleep(0.1)
+        raise ServerError(f"prompt {prompt_id} finished but /history has no entry for it")
+
+    def _receive(self, ws):
+        """(the websocket, or None once it closed; a text message or None)."""
+        import websocket
+        try:
+            message = ws.recv()
+        except websocket.WebSocketTimeoutException:
+            return ws, None
+        except (websocket.WebSocketException, OSError) as exc:
+            self.log(f"warning: the websocket closed ({exc or type(exc).__name__}); following "
+                     "the prompt by polling /history")
+            _close_quietly(ws)
+            return None, None
+        if not getattr(ws, "connected", True):  # the server sent a close frame
+            self.log("warning: the server closed the websocket; following the prompt by "
+                     "polling /history")
+            _close_quietly(ws)
+            return None, None
+        if isinstance(message, bytes) or not message:  # preview images, control frames
+            return ws, None
+        return ws, message
+
+
+class _Tracker:
+    """Turns websocket messages into RunEvents; raises on execution_error/interrupted."""
+
+    def __init__(self, workflow: Mapping, on_event: EventCallback | None):
+        self.workflow, self.on_event = workflow, on_event
+        self.started: dict[str, float] = {}
+        self.current: str | None = None
+
+    def handle(self, message: Mapping, prompt_id: str) -> bool:
+        """True once the prompt is complete."""
+        kind, data = message.get("type"), message.get("data") or {}
+        if not isinstance(data, Mapping) or data.get("prompt_id", prompt_id) != prompt_id:
+            return False  # another prompt's message (or status, which has no prompt_id)
+        if kind == "executing":
+            node = data.get("node")
+            if node is None:
+                return True
+            self._finish_current()
+            self.current = str(node)
+            self.started[self.current] = time.perf_counter()
+            self._emit("start", self.current)
+        elif kind == "progress" and data.get("node") is not None:
+            self._emit("progress", str(data["node"]), value=int(data.get("value", 0)),
+                       total=int(data.get("max", 0)))
+        elif kind == "executed" and data.get("node") is not None:
+            if str(data["node"]) == self.current:
+                self._finish_current()
+        elif kind == "execution_cached":
+            for node in data.get("nodes") or []:
+                self._emit("cached", str(node))
+        elif kind == "execution_error":
+            raise RemoteRunError(prompt_id, data)
+        elif kind == "execution_interrupted":
+            raise RemoteInterrupted(prompt_id, f"prompt {prompt_id} was interrupted on the "
+                                               f"server at node {data.get('node_id')} "
+                                               f"({data.get('node_type')})")
+        return False
+
+    def _finish_current(self) -> None:
+        if self.current is not None:
+            self._emit("finish", self.current)
+            self.current = None
+
+    def _emit(self, kind: str, node_id: str, **extra) -> None:
+        if self.on_event is None:
+            return
+        node = self.workflow.get(node_id)
+        node = node if isinstance(node, Mapping) else {}
+        started = self.started.get(node_id)
+        seconds = time.perf_counter() - started if started is not None else 0.0
+        index = list(self.started).index(node_id) + 1 if node_id in self.started else 0
+        self.on_event(RunEvent(kind, node_id, str(node.get("class_type", "?")), node_title(node),
+                               index, 0, seconds=seconds, **extra))
+
+
+def _raise_if_failed(prompt_id: str, entry: Mapping) -> None:
+    """A history entry whose status says error: raise what its messages say."""
+    status = entry.get("status") or {}
+    if status.get("status_str") != "error":
+        return
+    for item in status.get("messages") or []:
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[1], Mapping):
+            if item[0] == "execution_error":
+                raise RemoteRunError(prompt_id, item[1])
+            if item[0] == "execution_interrupted":
+                raise RemoteInterrupted(prompt_id, f"prompt {prompt_id} was interrupted")
+    raise RemoteRunError(prompt_id, {"exception_message": "the server reports an error"})
+
+
+def _node_issues(node_errors: Mapping, workflow: Mapping) -> list[Issue]:
+    issues = []
+    for node_id, info in node_errors.items():
+        info = info if isinstance(info, Mapping) else {}
+        node = workflow.get(node_id) if isinstance(workflow.get(node_id), Mapping) else {}
+        for error in info.get("errors") or []:
+            extra = error.get("extra_info") or {}
+            text = error.get("message") or "error"
+            if error.get("details"):
+                text += f": {error['details']}"
+            issues.append(Issue(text, str(node_id), info.get("class_type") or
+                                node.get("class_type"), node_title(node),
+                                extra.get("input_name")))
+    return issues
+
+
+def _stand_in(name: str, info: Mapping) -> type:
+    spec = {k: dict(v) for k, v in (info.get("input") or {}).items() if isinstance(v, Mapping)}
+    return type(name, (), {
+        "INPUT_TYPES": classmethod(lambda cls, spec=spec: spec),
+        "RETURN_TYPES": tuple(info.get("output") or ()),
+        "OUTPUT_NODE": bool(info.get("output_node")),
+        "FUNCTION": "run_on_server",
+    })
+
+
+def _parse(text: str) -> dict:
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _close_quietly(ws) -> None:
+    try:
+        ws.close(timeout=1.0)  # the wait for the server's close reply: short, it is a courtesy
+    except Exception:
+        pass

@@ -1,0 +1,368 @@
+"""`wan-enhanced run WORKFLOW.json`: run an API-format workflow in this process or on a server.
+
+In this process (the default) the nodes come from this package's registry, models from --models
+and files go to --out. With --server the workflow is queued on a running ComfyUI and its output
+files are downloaded into --out. --set changes inputs; --sweep runs every combination of a sweep
+file and appends one line per job to --results, skipping jobs that already succeeded there.
+
+Exit codes: 0 every job succeeded, 1 a job failed or was interrupted, 2 the workflow, a --set
+or the sweep is invalid (nothing ran).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Mapping, TextIO
+
+from .. import host
+from .client import (Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError)
+from .executor import RunError, RunEvent, RunInterrupted, check_supported, execute
+from .overrides import OverrideError, apply_overrides
+from .sweep import (ResultsLog, SweepError, SweepJob, expand_sweep, job_key, load_sweep,
+                    result_record)
+from .workflow import WorkflowError, load_workflow, validate
+
+OK, FAILED, INVALID = 0, 1, 2
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "run", help="run an API-format workflow here, or queue it on a ComfyUI server",
+        description="Runs an API-format workflow (ComfyUI: File > Export (API)) with this "
+                    "package's nodes in this process, or on a running ComfyUI with --server. "
+                    "Exit codes: 0 success, 1 a run failed or was interrupted, 2 invalid "
+                    "workflow or arguments.")
+    p.add_argument("workflow", metavar="WORKFLOW.json")
+    p.add_argument("--set", dest="assignments", action="append", default=[],
+                   metavar="NODE.INPUT=VALUE",
+                   help="change an input; NODE is a node id, class_type or title "
+                        "(e.g. --set 3.steps=20); repeatable")
+    p.add_argument("--models", metavar="DIR",
+                   help="models folder for in-process runs (holds diffusion_models/, "
+                        "text_encoders/, vae/)")
+    p.add_argument("--out", metavar="DIR", default="output",
+                   help="output folder (default: ./output); with --server, where the outputs "
+                        "are downloaded")
+    p.add_argument("--server", metavar="URL",
+                   help="queue on this ComfyUI server (e.g. http://127.0.0.1:8188) instead of "
+                        "running here")
+    p.add_argument("--sweep", metavar="FILE",
+                   help='JSON object of values to vary, e.g. {"seed": [1, 2], "3.steps": '
+                        '[10, 20]}; keys are NODE.INPUT or prompt / negative / seed')
+    p.add_argument("--results", metavar="FILE",
+                   help="JSONL file that gets one line per finished job; jobs that already "
+                        "succeeded there are skipped (default with --sweep: "
+                        "SWEEP.results.jsonl)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    err = sys.stderr
+    try:
+        workflow = load_workflow(args.workflow)
+    except WorkflowError as exc:
+        print(exc, file=err)
+        return INVALID
+    client = None
+    if args.server:
+        client = Client(args.server, log=lambda m: print(m, file=err))
+        try:
+            registry = client.registry()
+        except ServerError as exc:
+            print(f"error: {exc}", file=err)
+            return FAILED
+    else:
+        host.set_headless_folders(args.models, args.out)
+        registry = _local_registry()
+
+    try:
+        workflow = apply_overrides(workflow, args.assignments, registry)
+        jobs = _jobs(workflow, args, registry)
+    except (OverrideError, SweepError) as exc:
+        print(f"error: {exc}", file=err)
+        return INVALID
+
+    try:
+        results = _results_log(args)
+    except OSError as exc:
+        print(f"error: cannot read the results file {exc.filename}: {exc.strerror}", file=err)
+        return INVALID
+    if results is not None:
+        for warning in results.warnings:
+            print(f"warning: {warning}", file=err)
+        done = results.succeeded()
+        pending = [job for job in jobs if job.job_key not in done]
+        if len(pending) < len(jobs):
+            print(f"{len(jobs) - len(pending)} of {len(jobs)} job(s) already succeeded in "
+                  f"{results.path}; skipping them", file=err)
+    else:
+        pending = jobs
+
+    display = ProgressDisplay(err, enabled=not args.quiet)
+    if client is None:
+        return _run_here(pending, len(jobs), args, registry, results, display)
+    try:
+        return _run_on_server(client, pending, len(jobs), args, results, display)
+    except KeyboardInterrupt:  # outside the wait (which cancels the prompt itself)
+        display.close()
+        print("interrupted", file=err)
+        return FAILED
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+def _local_registry() -> Mapping[str, type]:
+    from .. import NODE_CLASS_MAPPINGS  # read at call time: the registry fills in as nodes load
+    return NODE_CLASS_MAPPINGS
+
+
+def _jobs(workflow: dict, args, registry) -> list[SweepJob]:
+    if args.sweep:
+        return expand_sweep(workflow, load_sweep(args.sweep), registry)
+    return [SweepJob(1, {}, workflow, job_key(workflow))]
+
+
+def _results_log(args) -> ResultsLog | None:
+    if args.results:
+        return ResultsLog(args.results)
+    if args.sweep:
+        sweep = Path(args.sweep)
+        return ResultsLog(sweep.with_name(sweep.stem + ".results.jsonl"))
+    return None
+
+
+def _job_header(job: SweepJob, total: int) -> str | None:
+    if not job.settings:
+        return None
+    settings = "  ".join(f"{k}={v!r}" for k, v in job.settings.items())
+    return f"job {job.index}/{total}: {settings}"
+
+
+# -- in this process ---------------------------------------------------------------------------
+
+def _run_here(jobs: list[SweepJob], total: int, args, registry, results: ResultsLog | None,
+              display: "ProgressDisplay") -> int:
+    err = sys.stderr
+    validated, seen, invalid = {}, set(), 0
+    for job in jobs:  # every job is checked before the first one runs
+        try:
+            validated[job.index] = validate(job.workflow, registry, source=args.workflow)
+            check_supported(validated[job.index], registry)
+        except WorkflowError as exc:
+            invalid += 1
+            fresh = [str(issue) for issue in exc.errors if str(issue) not in seen]
+            seen.update(fresh)
+            header = _job_header(job, total)
+            if not header:
+                print(exc, file=err)
+            elif fresh:  # a sweep: each problem once, under the first job that has it
+                print(header + "\n" + "\n".join(f"  - {line}" for line in fresh), file=err)
+    if invalid:
+        if total > 1:
+            print(f"{invalid} of {len(jobs)} job(s) are invalid; nothing ran", file=err)
+        return INVALID
+    if jobs:
+        for warning in validated[jobs[0].index].warnings:
+            print(f"warning: {warning}", file=err)
+
+    stop = _StopRequest()
+    try:
+        with stop.installed():
+            return _run_jobs_here(jobs, total, validated, registry, results, display, stop)
+    except KeyboardInterrupt:  # a second Ctrl-C outside a node
+        display.close()
+        print("interrupted", file=err)
+        return FAILED
+
+
+def _run_jobs_here(jobs, total, validated, registry, results, display, stop) -> int:
+    err = sys.stderr
+    status = OK
+    for job in jobs:
+        if stop.requested:
+            print("stopped before the next job", file=err)
+            return FAILED
+        header = _job_header(job, total)
+        if header:
+            print(header, file=err)
+        run_id = uuid.uuid4().hex
+        started = time.perf_counter()
+        try:
+            result = execute(validated.pop(job.index), registry, on_event=display,
+                             run_id=run_id)
+        except RunError as exc:
+            display.close()
+            interrupted = isinstance(exc, RunInterrupted)
+            print(f"{'interrupted' if interrupted else 'failed'}: {exc}", file=err)
+            if results is not None:
+                results.append(result_record(
+                    job.job_key, job.settings, status="interrupted" if interrupted else
+                    "error", seconds=time.perf_counter() - started, files=[], run_id=run_id,
+                    error=str(exc)))
+            if interrupted:
+                return FAILED
+            status = FAILED
+            continue
+        display.close()
+        _print_summary(result.seconds, result.peak.as_dict(), result.files)
+        if results is not None:
+            results.append(result_record(
+                job.job_key, job.settings, status="success", seconds=result.seconds,
+                files=result.files, run_id=result.run_id, peak=result.peak.as_dict()))
+    return status
+
+
+class _StopRequest:
+    """Ctrl-C once: ask the running node to stop at its next check and run no further job.
+    Ctrl-C twice: stop at once (KeyboardInterrupt)."""
+
+    def __init__(self):
+        self.requested = False
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        host.request_interrupt()
+        print("\nstopping at the next check; Ctrl-C again to stop at once", file=sys.stderr)
+
+    def installed(self):
+        return _SignalHandler(self._handle)
+
+
+class _SignalHandler:
+    def __init__(self, handler):
+        self.handler, self.previous = handler, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        host.clear_interrupt()
+
+
+# -- on a server -------------------------------------------------------------------------------
+
+def _run_on_server(client: Client, jobs: list[SweepJob], total: int, args,
+                   results: ResultsLog | None, display: "ProgressDisplay") -> int:
+    err = sys.stderr
+    status = OK
+    for job in jobs:
+        header = _job_header(job, total)
+        if header:
+            print(header, file=err)
+        started = time.perf_counter()
+        try:
+            result = client.run(job.workflow, args.out, on_event=display)
+        except (PromptRejected, RemoteRunError, RemoteInterrupted, ServerError) as exc:
+            display.close()
+            print(f"{'error' if isinstance(exc, PromptRejected) else 'failed'}: {exc}", file=err)
+            if results is not None:
+                kind = "interrupted" if isinstance(exc, RemoteInterrupted) else "error"
+                results.append(result_record(job.job_key, job.settings, status=kind,
+                                             seconds=time.perf_counter() - started, files=[],
+                                             prompt_id=getattr(exc, "prompt_id", None) or "",
+                                             error=str(exc)))
+            if isinstance(exc, PromptRejected):
+                return INVALID
+            if isinstance(exc, RemoteRunError):
+                status = FAILED
+                continue
+            return FAILED  # interrupted, or the server is gone: the next jobs would fail too
+        display.close()
+        _print_summary(result.seconds, None, result.files)
+        if results is not None:
+            results.append(result_record(job.job_key, job.settings, status="success",
+                                         seconds=result.seconds, files=result.files,
+                                         prompt_id=result.prompt_id))
+    return status
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def _print_summary(seconds: float, peak: Mapping | None, files: list[str]) -> None:
+    parts = [f"finished in {format_seconds(seconds)}"]
+    if peak:
+        if peak.get("allocated") is not None:
+            parts.append(f"peak GPU {format_bytes(peak['allocated'])} allocated, "
+                         f"{format_bytes(peak['reserved'])} reserved")
+        if peak.get("rss") is not None:
+            parts.append(f"peak RSS {format_bytes(peak['rss'])}")
+    print("; ".join(parts))
+    for path in files:
+        print(f"  {path}")
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+def format_bytes(count: int | None) -> str:
+    if count is None:
+        return "?"
+    return f"{count / 2**30:.2f} GiB" if count >= 2**28 else f"{count / 2**20:.0f} MiB"
+
+
+class ProgressDisplay:
+    """One progress line per node: name, step i/total, elapsed. On a terminal the line is
+    redrawn in place with \\r; otherwise plain lines, progress at most once a second."""
+
+    def __init__(self, stream: TextIO, enabled: bool = True):
+        self.stream, self.enabled = stream, enabled
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.open_width = 0  # characters of the line being redrawn, 0 when none
+        self.last_progress = 0.0
+
+    def __call__(self, event: RunEvent) -> None:
+        if not self.enabled:
+            return
+        position = f"[{event.index}/{event.count}]" if event.count else \
+            (f"[{event.index}]" if event.index else "")
+        name = f"{position} {event.name}".strip()
+        if event.kind == "start":
+            self.last_progress = 0.0
+            self._draw(f"{name} ...", final=False)
+        elif event.kind == "progress":
+            line = f"{name}  step {event.value}/{event.total}  {format_seconds(event.seconds)}"
+            # plain lines: the first, the last, and at most one a second in between
+            if self.tty or event.value >= event.total or \
+                    time.monotonic() - self.last_progress >= 1.0:
+                self.last_progress = time.monotonic()
+                self._draw(line, final=False)
+        elif event.kind == "finish":
+            self._draw(f"{name}  done in {format_seconds(event.seconds)}", final=True)
+        elif event.kind == "cached":
+            self._draw(f"{event.name}  cached on the server", final=True)
+
+    def _draw(self, line: str, final: bool) -> None:
+        if self.tty:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            line = line[:width]
+            self.stream.write("\r" + line.ljust(self.open_width))
+            self.open_width = 0 if final else len(line)
+            if final:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End a line left open (a failure in the middle of a node)."""
+        if self.tty and self.open_width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open_width = 0

@@ -1,0 +1,222 @@
+"""Batch sweeps: one workflow, many settings, results in a resumable JSONL file.
+
+A sweep file is a JSON object mapping a setting to the values it takes:
+
+    {"prompt": ["a cat", "a dog"], "seed": [1, 2, 3], "sampler.steps": [5, 10]}
+
+Keys are NODE.INPUT paths (as --set) or one of three shorthands, each the unique input of a
+given type and name in the workflow, trying the names in order until one exists:
+
+    prompt    STRING input "positive", else "prompt", "positive_prompt", "text"
+    negative  STRING input "negative", else "negative_prompt"
+    seed      INT input "seed", else "noise_seed"
+
+A name found on several nodes (two CLIPTextEncode "text" inputs) is an error: use NODE.INPUT.
+A value that is not a list is a single value. The jobs are the Cartesian product in a stable
+order: keys in file order, the last key varying fastest.
+
+Every finished job appends one JSON line to the results file. A job's key is a hash of the
+workflow it runs (class types and inputs after the settings are applied), so re-running the same
+sweep skips the jobs that already have a "success" line and a crashed batch resumes where it
+stopped; changing the workflow or a value gives new keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .overrides import (OverrideError, Target, parse_value, resolve_input, resolve_path,
+                        set_input)
+from .workflow import Registry, input_spec
+
+SHORTHANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "prompt": ("STRING", ("positive", "prompt", "positive_prompt", "text")),
+    "negative": ("STRING", ("negative", "negative_prompt")),
+    "seed": ("INT", ("seed", "noise_seed")),
+}
+
+
+class SweepError(ValueError):
+    """A sweep file or key that does not fit; names the file/key and what was expected."""
+
+
+@dataclass
+class SweepJob:
+    index: int  # 1-based
+    settings: dict[str, Any]  # sweep key -> value, in file order
+    workflow: dict
+    job_key: str
+
+
+# -- the sweep file ----------------------------------------------------------------------------
+
+def load_sweep(path: str | Path) -> dict[str, list]:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SweepError(f"sweep file {path}: cannot read it: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise SweepError(f"sweep file {path}: not valid JSON: {exc.msg} at line {exc.lineno}") \
+            from None
+    if not isinstance(data, dict) or not data:
+        raise SweepError(f"sweep file {path}: expected a JSON object such as "
+                         '{"seed": [1, 2, 3], "3.steps": [10, 20]}')
+    sweep = {}
+    for key, values in data.items():
+        values = values if isinstance(values, list) else [values]
+        if not values:
+            raise SweepError(f"sweep file {path}: {key!r} has an empty list of values")
+        sweep[key] = values
+    return sweep
+
+
+def expand_sweep(workflow: Mapping, sweep: Mapping[str, list], registry: Registry) \
+        -> list[SweepJob]:
+    """One job per combination of values, each with its own copy of the workflow."""
+    targets = {key: resolve_key(workflow, key, registry) for key in sweep}
+    seen: dict[tuple, str] = {}
+    for key, target in targets.items():
+        where = (target.node_id, target.input_name)
+        if where in seen:
+            raise SweepError(f"sweep keys {seen[where]!r} and {key!r} both set input "
+                             f"{target.input_name!r} of node {target.node_id}")
+        seen[where] = key
+    typed = {key: [_typed(key, targets[key], v) for v in values] for key, values in sweep.items()}
+    jobs = []
+    for index, combination in enumerate(itertools.product(*typed.values()), 1):
+        job_workflow = copy.deepcopy(dict(workflow))
+        settings = dict(zip(typed, combination))
+        for key, value in settings.items():
+            set_input(job_workflow, targets[key], value)
+        jobs.append(SweepJob(index, settings, job_workflow, job_key(job_workflow)))
+    return jobs
+
+
+def resolve_key(workflow: Mapping, key: str, registry: Registry) -> Target:
+    try:
+        if key in SHORTHANDS:
+            return resolve_shorthand(workflow, key, registry)
+        return resolve_path(workflow, key, registry)
+    except OverrideError as exc:
+        raise SweepError(f"sweep key {key!r}: {exc}") from None
+
+
+def resolve_shorthand(workflow: Mapping, key: str, registry: Registry) -> Target:
+    wanted_type, names = SHORTHANDS[key]
+    for name in names:
+        found = [node_id for node_id, node in workflow.items()
+                 if _declares(registry, node, name, wanted_type)]
+        if len(found) == 1:
+            return resolve_input(workflow, found[0], name, registry)
+        if len(found) > 1:
+            listing = ", ".join(f"{n}.{name}" for n in found)
+            raise OverrideError(f"ambiguous: several nodes have a {wanted_type} input {name!r} "
+                                f"({listing}); use NODE.INPUT instead")
+    raise OverrideError(f"no {wanted_type} input named {' / '.join(names)} in the workflow; use "
+                        "NODE.INPUT instead")
+
+
+def _declares(registry: Registry, node: Any, name: str, wanted_type: str) -> bool:
+    cls = registry.get(node.get("class_type")) if isinstance(node, Mapping) and \
+        isinstance(node.get("class_type"), str) else None
+    if cls is None:
+        return False
+    declared = cls.INPUT_TYPES()
+    spec = (declared.get("required") or {}).get(name) or (declared.get("optional") or {}).get(name)
+    return spec is not None and input_spec(spec)[0] == wanted_type
+
+
+def _typed(key: str, target: Target, value: Any) -> Any:
+    try:
+        return parse_value(target.input_type, value)
+    except OverrideError as exc:
+        raise SweepError(f"sweep key {key!r}, value {value!r}: {exc}") from None
+
+
+def job_key(workflow: Mapping) -> str:
+    """A stable hash of what a job runs: class types and inputs (titles and layout excluded)."""
+    essence = {node_id: {"class_type": node.get("class_type"), "inputs": node.get("inputs")}
+               for node_id, node in workflow.items() if isinstance(node, Mapping)}
+    text = json.dumps(essence, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                      default=repr)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+# -- the results file --------------------------------------------------------------------------
+
+class ResultsLog:
+    """An append-only JSONL file of finished jobs. Each line is written with flush + fsync, so a
+    crash leaves at most a torn last line, which reading skips with a warning."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.records: list[dict] = []
+        self.warnings: list[str] = []
+        self._load()
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        lines = self.path.read_bytes().split(b"\n")
+        last = len(lines) - 1
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                where = "its last line is incomplete (an interrupted write)" if number - 1 == last \
+                    else f"line {number} is not a JSON object"
+                self.warnings.append(f"results file {self.path}: {where}; ignored")
+                continue
+            self.records.append(record)
+
+    def succeeded(self) -> set[str]:
+        return {r.get("job_key") for r in self.records if r.get("status") == "success"}
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "ab") as f:
+            if f.tell() > 0 and not self._ends_with_newline():
+                f.write(b"\n")  # close a torn line so this record stands on its own
+            f.write(line.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        self.records.append(record)
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+
+
+def result_record(job_key_value: str, settings: Mapping, *, status: str, seconds: float,
+                  files: list[str], run_id: str | None = None, prompt_id: str | None = None,
+                  peak: Mapping | None = None, error: str | None = None) -> dict:
+    """One results line: what ran, where its files are, how long and how much memory."""
+    record = {"job_key": job_key_value, "settings": dict(settings)}
+    if prompt_id is not None:
+        record["prompt_id"] = prompt_id
+    else:
+        record["run_id"] = run_id
+    record.update({
+        "status": status,
+        "outputs": list(files),
+        "seconds": round(seconds, 3),
+        "peak_memory": dict(peak) if peak else {"allocated": None, "reserved": None, "rss": None},
+        "error": error,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    })
+    return record

@@ -1,0 +1,350 @@
+"""The ComfyUI client against a small in-process fake server (HTTP + a minimal websocket) that
+replays the message sequence a real ComfyUI sends."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import queue
+import select
+import threading
+import time
+import urllib.parse
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from wan_enhanced.runner import cli
+from wan_enhanced.runner.client import (Client, PromptRejected, RemoteInterrupted,
+                                        RemoteRunError)
+
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+VIDEO = b"\x00\x00\x00\x18ftypmp42 not really a video"
+PREVIEW = b"\x89PNG preview"
+
+WORKFLOW = {
+    "1": {"class_type": "WanEnhancedModelLoader",
+          "inputs": {"model": "wan2.2_ti2v_5B.safetensors"}},
+    "2": {"class_type": "WanEnhancedSampler", "inputs": {"model": ["1", 0], "seed": 1, "steps": 2},
+          "_meta": {"title": "Sampler"}},
+    "3": {"class_type": "WanEnhancedSaveVideo", "inputs": {"latent": ["2", 0],
+                                                           "filename_prefix": "wan/clip"}},
+}
+
+OBJECT_INFO = {
+    "WanEnhancedModelLoader": {"input": {"required": {"model": [["wan2.2_ti2v_5B.safetensors"],
+                                                                {}]}},
+                               "output": ["WANMODEL"], "output_node": False},
+    "WanEnhancedSampler": {"input": {"required": {
+        "model": ["WANMODEL"], "seed": ["INT", {"default": 0, "min": 0}],
+        "steps": ["INT", {"default": 30, "min": 1, "max": 1000}]}},
+        "output": ["LATENT"], "output_node": False},
+    "WanEnhancedSaveVideo": {"input": {"required": {
+        "latent": ["LATENT"], "filename_prefix": ["STRING", {"default": "wan"}],
+        "format": ["COMBO", {"options": ["mp4", "webm"]}]}},
+        "output": [], "output_node": True},
+}
+
+UI_OUTPUT = {"gifs": [{"filename": "clip_00001.mp4", "subfolder": "wan", "type": "output",
+                       "format": "video/h264-mp4"}],
+             "images": [{"filename": "preview.png", "subfolder": "", "type": "temp"}]}
+
+
+# -- the fake server ---------------------------------------------------------------------------
+
+class FakeComfyUI:
+    """Enough of ComfyUI's server: /prompt, /history/<id>, /view, /interrupt, /queue,
+    /object_info and /ws. `scenario` picks what a queued prompt does."""
+
+    def __init__(self, scenario: str):
+        self.scenario = scenario
+        self.log: list[tuple] = []  # ("POST", path, body) / ("GET", path) / ("sent", type)
+        self.history: dict[str, dict] = {}
+        self.sockets: dict[str, queue.Queue] = {}
+        self.interrupted = threading.Event()
+        self.stopping = threading.Event()
+        self.files = {("clip_00001.mp4", "wan", "output"): VIDEO,
+                      ("preview.png", "", "temp"): PREVIEW}
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def posted(self, path: str) -> list:
+        return [entry[2] for entry in self.log if entry[:2] == ("POST", path)]
+
+    # -- a prompt's life ---------------------------------------------------------------------
+
+    def play(self, client_id: str, prompt_id: str) -> None:
+        send = self.sockets[client_id].put
+
+        def message(kind, **data):
+            if kind != "status":
+                data["prompt_id"] = prompt_id
+            send(("text", {"type": kind, "data": data}))
+            time.sleep(0.01)
+
+        message("status", status={"exec_info": {"queue_remaining": 1}})
+        message("execution_start", timestamp=1)
+        message("execution_cached", nodes=["1"], timestamp=1)
+        send(("text", {"type": "executing", "data": {"node": "9", "prompt_id": "other"}}))
+        message("executing", node="2", display_node="2")
+        message("progress", value=1, max=2, node="2")
+        send(("binary", b"\x00\x00\x00\x01" + PREVIEW))  # a preview frame
+        if self.scenario == "drop":
+            send(("close", None))
+            time.sleep(0.3)
+            self.finish(prompt_id, "success")
+            return
+        if self.scenario == "interrupt":
+            self.interrupted.wait(5)
+            message("execution_interrupted", node_id="2", node_type="WanEnhancedSampler",
+                    executed=["1"])
+            self.finish(prompt_id, "error")
+            message("executing", node=None)
+            return
+        if self.scenario == "error":
+            error = dict(node_id="2", node_type="WanEnhancedSampler", executed=["1"],
+                         exception_message="CUDA out of memory. Tried to allocate 2.00 GiB\n",
+                         exception_type="torch.OutOfMemoryError",
+                         traceback=['  File "execution.py", line 1\n'], current_inputs={},
+                         current_outputs=[])
+            message("execution_error", **error)
+            self.finish(prompt_id, "error", [["execution_error", error]])
+            message("executing", node=None)
+            return
+        message("progress", value=2, max=2, node="2")
+        message("executing", node="3", display_node="3")
+        message("executed", node="3", display_node="3", output=UI_OUTPUT)
+        message("execution_success", timestamp=2)
+        time.sleep(0.2)  # the client must wait, not fetch the history early
+        self.finish(prompt_id, "success")
+        message("executing", node=None)
+
+    def finish(self, prompt_id: str, status: str, messages=()) -> None:
+        outputs = {"3": UI_OUTPUT} if status == "success" else {}
+        self.history[prompt_id] = {
+            "prompt": [0, prompt_id, WORKFLOW, {}, ["3"]], "outputs": outputs,
+            "status": {"status_str": status, "completed": status == "success",
+                       "messages": list(messages)}, "meta": {}}
+        self.log.append(("history written", prompt_id))
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def reply(self, status: int, body, content_type="application/json"):
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data)
+                self.close_connection = True
+
+            def do_GET(self):
+                url = urllib.parse.urlsplit(self.path)
+                query = dict(urllib.parse.parse_qsl(url.query))
+                server.log.append(("GET", url.path))
+                if url.path == "/ws":
+                    return self.websocket(query["clientId"])
+                if url.path.startswith("/history/"):
+                    prompt_id = url.path.rsplit("/", 1)[1]
+                    entry = server.history.get(prompt_id)
+                    return self.reply(200, {prompt_id: entry} if entry else {})
+                if url.path == "/view":
+                    key = (query.get("filename"), query.get("subfolder", ""), query.get("type"))
+                    if key in server.files:
+                        return self.reply(200, server.files[key], "application/octet-stream")
+                    return self.reply(404, b"", "text/plain")
+                if url.path == "/object_info":
+                    return self.reply(200, OBJECT_INFO)
+                self.reply(404, {"error": "not found"})
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                server.log.append(("POST", self.path, body))
+                if self.path == "/prompt":
+                    return self.prompt(body)
+                if self.path == "/interrupt":
+                    server.interrupted.set()
+                self.reply(200, {})
+
+            def prompt(self, body):
+                if server.scenario == "reject":
+                    return self.reply(400, {
+                        "error": {"type": "prompt_outputs_failed_validation",
+                                  "message": "Prompt outputs failed validation",
+                                  "details": "", "extra_info": {}},
+                        "node_errors": {"2": {"errors": [{
+                            "type": "value_bigger_than_max",
+                            "message": "Value 5000 bigger than max of 1000", "details": "steps",
+                            "extra_info": {"input_name": "steps", "received_value": 5000}}],
+                            "dependent_outputs": ["3"], "class_type": "WanEnhancedSampler"}}})
+                prompt_id = str(uuid.uuid4())
+                self.reply(200, {"prompt_id": prompt_id, "number": 0, "node_errors": {}})
+                threading.Thread(target=server.play, args=(body["client_id"], prompt_id),
+                                 daemon=True).start()
+
+            def websocket(self, client_id: str):
+                key = self.headers["Sec-WebSocket-Key"]
+                accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest())
+                self.send_response(101, "Switching Protocols")
+                self.send_header("Upgrade", "websocket")
+                self.send_header("Connection", "Upgrade")
+                self.send_header("Sec-WebSocket-Accept", accept.decode())
+                self.end_headers()
+                self.wfile.flush()
+                outbox = server.sockets.setdefault(client_id, queue.Queue())
+                self.frame(1, json.dumps({"type": "status", "data": {
+                    "status": {"exec_info": {"queue_remaining": 0}}, "sid": client_id}}).encode())
+                while not server.stopping.is_set():
+                    readable, _, _ = select.select([self.connection], [], [], 0)
+                    if readable:  # the client's close frame: answer it and hang up
+                        self.frame(8, b"\x03\xe8")
+                        break
+                    try:
+                        kind, payload = outbox.get(timeout=0.02)
+                    except queue.Empty:
+                        continue
+                    if kind == "close":
+                        self.frame(8, b"\x03\xe8")
+                        break
+                    if kind == "text":
+                        server.log.append(("sent", payload["type"], payload["data"].get("node")))
+                        self.frame(1, json.dumps(payload).encode())
+                    else:
+                        self.frame(2, payload)
+                self.close_connection = True
+
+            def frame(self, opcode: int, payload: bytes):
+                """An unmasked, unfragmented server frame (RFC 6455 section 5.2)."""
+                size = len(payload)
+                if size < 126:
+                    header = bytes([0x80 | opcode, size])
+                elif size < 1 << 16:
+                    header = bytes([0x80 | opcode, 126]) + size.to_bytes(2, "big")
+                else:
+                    header = bytes([0x80 | opcode, 127]) + size.to_bytes(8, "big")
+                self.wfile.write(header + payload)
+                self.wfile.flush()
+
+        return Handler
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+def test_run_waits_for_completion_and_downloads_every_output(tmp_path):
+    events = []
+    with FakeComfyUI("success") as server:
+        client = Client(server.url)
+        result = client.run(WORKFLOW, tmp_path / "out", on_event=events.append)
+    assert result.status == "success" and result.outputs == {"3": UI_OUTPUT}
+    assert result.files == [str(tmp_path / "out" / "wan" / "clip_00001.mp4"),
+                            str(tmp_path / "out" / "temp" / "preview.png")]
+    assert (tmp_path / "out" / "wan" / "clip_00001.mp4").read_bytes() == VIDEO
+    assert (tmp_path / "out" / "temp" / "preview.png").read_bytes() == PREVIEW
+    # the history was read only after the final "executing null" message
+    final = server.log.index(("sent", "executing", None))
+    history_reads = [i for i, entry in enumerate(server.log)
+                     if entry[0] == "GET" and entry[1].startswith("/history/")]
+    assert history_reads and min(history_reads) > final
+    body = server.posted("/prompt")[0]
+    assert body["prompt"] == WORKFLOW and str(uuid.UUID(body["client_id"])) == body["client_id"]
+    assert [(e.kind, e.node_id) for e in events] == [
+        ("cached", "1"), ("start", "2"), ("progress", "2"), ("progress", "2"), ("finish", "2"),
+        ("start", "3"), ("finish", "3")]
+    assert events[1].name == "Sampler" and (events[3].value, events[3].total) == (2, 2)
+
+
+def test_rejected_prompt_reports_node_errors_readably(tmp_path):
+    with FakeComfyUI("reject") as server:
+        with pytest.raises(PromptRejected) as excinfo:
+            Client(server.url).run(WORKFLOW, tmp_path)
+    assert str(excinfo.value) == (
+        "ComfyUI rejected the workflow: Prompt outputs failed validation\n"
+        '  - node 2 (WanEnhancedSampler "Sampler"), input "steps": Value 5000 bigger than max '
+        "of 1000: steps")
+
+
+def test_execution_error_names_the_node(tmp_path):
+    with FakeComfyUI("error") as server:
+        with pytest.raises(RemoteRunError) as excinfo:
+            Client(server.url).run(WORKFLOW, tmp_path)
+    error = excinfo.value
+    assert str(error) == ("node 2 (WanEnhancedSampler) failed on the server: "
+                          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert "execution.py" in error.traceback
+    assert not list(tmp_path.iterdir())
+
+
+def test_ctrl_c_interrupts_the_prompt_on_the_server(tmp_path):
+    def press_ctrl_c(event):
+        if event.kind == "progress":
+            raise KeyboardInterrupt
+
+    with FakeComfyUI("interrupt") as server:
+        with pytest.raises(RemoteInterrupted) as excinfo:
+            Client(server.url).run(WORKFLOW, tmp_path, on_event=press_ctrl_c)
+        prompt_id = excinfo.value.prompt_id
+        assert server.posted("/interrupt") == [{"prompt_id": prompt_id}]
+        assert server.posted("/queue") == [{"delete": [prompt_id]}]
+    assert f"asked {server.url} to stop prompt {prompt_id}" in str(excinfo.value)
+
+
+def test_lost_websocket_falls_back_to_polling_history(tmp_path):
+    with FakeComfyUI("drop") as server:
+        result = Client(server.url, poll_seconds=0.1).run(WORKFLOW, tmp_path)
+    assert result.status == "success"
+    assert (tmp_path / "wan" / "clip_00001.mp4").read_bytes() == VIDEO
+
+
+def test_unreachable_server_is_a_clear_error(tmp_path):
+    with FakeComfyUI("success") as server:
+        url = server.url
+    with pytest.raises(Exception, match=f"cannot reach ComfyUI at {url}"):
+        Client(url, timeout=2).object_info()
+
+
+def test_run_command_on_a_server_with_set_and_sweep(tmp_path, capsys):
+    workflow = tmp_path / "wf.json"
+    workflow.write_text(json.dumps(WORKFLOW))
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"seed": [1, 2]}))
+    out = tmp_path / "out"
+    with FakeComfyUI("success") as server:
+        code = cli.main(["run", str(workflow), "--server", server.url, "--out", str(out),
+                         "--set", "Sampler.steps=4", "--set", "3.format=webm",
+                         "--sweep", str(sweep), "--quiet"])
+        prompts = [body["prompt"] for body in server.posted("/prompt")]
+        assert cli.main(["run", str(workflow), "--server", server.url, "--set",
+                         "Sampler.steps=lots"]) == 2
+    assert code == 0, capsys.readouterr().err
+    assert [(p["2"]["inputs"]["seed"], p["2"]["inputs"]["steps"], p["3"]["inputs"]["format"])
+            for p in prompts] == [(1, 4, "webm"), (2, 4, "webm")]
+    assert (out / "wan" / "clip_00001.mp4").read_bytes() == VIDEO
+    lines = [json.loads(line) for line in
+             (tmp_path / "sweep.results.jsonl").read_text().splitlines()]
+    assert [line["status"] for line in lines] == ["success", "success"]
+    assert all(line["prompt_id"] and line["outputs"] for line in lines)
+    assert "expected an integer (INT), got 'lots'" in capsys.readouterr().err

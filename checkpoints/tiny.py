@@ -19,13 +19,13 @@ from ..wan.configs import DiTConfig
 from ..wan.dit import WanDiT, is_block_linear
 from . import keymaps
 
+# head_dim 128 like every released size, so no config has to travel with the file; the text
+# width is the tiny text encoder's
+_TINY = dict(dim=256, ffn_dim=512, num_heads=2, num_layers=2, text_dim=64)
 TINY_DIT = {
-    # head_dim 128 like every released size, so no config has to travel with the file
-    "t2v": DiTConfig(name="tiny-t2v", dim=256, ffn_dim=512, num_heads=2, num_layers=2),
-    "ti2v": DiTConfig(name="tiny-ti2v", in_dim=48, out_dim=48, dim=256, ffn_dim=512,
-                      num_heads=2, num_layers=2),
-    "i2v": DiTConfig(name="tiny-i2v", in_dim=36, dim=256, ffn_dim=512, num_heads=2,
-                     num_layers=2, image_embedding=True, image_dim=64),
+    "t2v": DiTConfig(name="tiny-t2v", **_TINY),
+    "ti2v": DiTConfig(name="tiny-ti2v", in_dim=48, out_dim=48, **_TINY),
+    "i2v": DiTConfig(name="tiny-i2v", in_dim=36, image_embedding=True, image_dim=64, **_TINY),
 }
 TINY_VAE = {"vae21": {"dim": 8, "z_dim": 16}, "vae22": {"dim": 8, "dec_dim": 12, "z_dim": 48}}
 TINY_T5 = {"vocab_size": 256, "dim": 64, "dim_attn": 64, "dim_ffn": 128, "num_heads": 4,
@@ -302,3 +302,30 @@ def write_text_encoder(path: str | Path, layout: str = "hf", config: dict | None
         _atomic_save(hf, path)
         return path
     raise ValueError(f"unknown text-encoder layout {layout!r}")
+
+
+# -- a whole models folder ---------------------------------------------------------------------
+
+def write_models_folder(root: str | Path, *, dit_name: str, vae_name: str, text_encoder_name: str,
+                        kind: str = "ti2v", seed: int = 0) -> Path:
+    """ComfyUI-style folders (diffusion_models/, vae/, text_encoders/) holding a tiny random
+    model set under the given file names: a DiT of `kind` ("t2v": 16 channels with the Wan2.1
+    VAE; "ti2v": 48 channels with the Wan2.2 VAE), its VAE, and a umT5 file in ComfyUI's layout
+    with an embedded tokenizer. Existing files are kept."""
+    from ..wan.tiny_tokenizer import build_spiece_model
+
+    root = Path(root)
+    vae_kind = "vae22" if kind == "ti2v" else "vae21"
+    targets = {
+        root / "diffusion_models" / dit_name:
+            lambda p: write_dit(p, TINY_DIT[kind], "comfy", seed=seed),
+        root / "vae" / vae_name: lambda p: write_vae(p, vae_kind, "official", seed=seed + 1),
+        root / "text_encoders" / text_encoder_name:
+            lambda p: write_text_encoder(p, "hf", seed=seed + 2,
+                                         spiece_model=build_spiece_model()),
+    }
+    for path, write in targets.items():
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write(path)
+    return root

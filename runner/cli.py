@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import golden_command, run_command
+from . import demo_command, golden_command, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     golden_command.add_parser(commands)
     run_command.add_parser(commands)
+    demo_command.add_parser(commands)
     return parser
 
 

@@ -65,11 +65,6 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     err = sys.stderr
-    try:
-        workflow = load_workflow(args.workflow)
-    except WorkflowError as exc:
-        print(exc, file=err)
-        return INVALID
     client = None
     if args.server:
         client = Client(args.server, log=lambda m: print(m, file=err))
@@ -81,6 +76,11 @@ def run(args) -> int:
     else:
         host.set_headless_folders(args.models, args.out)
         registry = _local_registry()
+    try:
+        workflow = load_workflow(args.workflow, registry)
+    except WorkflowError as exc:
+        print(exc, file=err)
+        return INVALID
 
     try:
         workflow = apply_overrides(workflow, args.assignments, registry)

@@ -78,9 +78,10 @@ class WorkflowError(Exception):
 
 # -- loading ---------------------------------------------------------------------------------
 
-def load_workflow(path: str | Path) -> dict:
-    """Read an API-format workflow file. A UI-format file (the one File > Save writes) is refused
-    with a message saying how to get the API format."""
+def load_workflow(path: str | Path, registry: dict | None = None) -> dict:
+    """Read an API-format workflow file. A UI-format file (the one File > Save writes) is
+    converted when every node is in `registry`; otherwise it is refused with a message saying
+    how to get the API format."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -92,12 +93,20 @@ def load_workflow(path: str | Path) -> dict:
     except json.JSONDecodeError as exc:
         raise WorkflowError([Issue(f"not valid JSON: {exc.msg} at line {exc.lineno}, "
                                    f"column {exc.colno}")], str(path)) from None
+    if registry is not None and _is_ui_format(data) and all(
+            n.get("type") in registry for n in data["nodes"]):
+        from .ui_format import ui_to_api
+        return ui_to_api(data, registry, str(path))
     return as_api_workflow(data, str(path))
+
+
+def _is_ui_format(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("nodes"), list) and "links" in data
 
 
 def as_api_workflow(data: Any, source: str | None = None) -> dict:
     """Check the outer shape of workflow JSON and return the {node_id: node} mapping."""
-    if isinstance(data, dict) and isinstance(data.get("nodes"), list) and "links" in data:
+    if _is_ui_format(data):
         raise WorkflowError([Issue(
             "this is a UI-format workflow (it has \"nodes\" and \"links\"); the runner needs the "
             "API format: in ComfyUI use File > Export (API) (older menus: enable dev mode "

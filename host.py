@@ -1,0 +1,189 @@
+"""The only module that touches ComfyUI.
+
+Inside ComfyUI these functions use its model manager, progress bar, interrupt flag and model
+folders. Without ComfyUI (our command line, tests, other programs) they fall back to plain
+PyTorch, a configurable models folder and output folder, and an interrupt flag of our own.
+Importing this module never imports ComfyUI eagerly and never fails.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+# ComfyUI model folder names -> the subfolder used when running without ComfyUI
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae")
+MODEL_EXTENSIONS = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".index.json")
+
+
+def _comfy(module: str):
+    """A ComfyUI module, or None outside ComfyUI. Any exception counts as absent: on a machine
+    without a GPU driver ComfyUI's model manager raises RuntimeError at import."""
+    try:
+        return __import__(module, fromlist=["_"])
+    except Exception:
+        return None
+
+
+def in_comfyui() -> bool:
+    return _comfy("folder_paths") is not None and _comfy("comfy.model_management") is not None
+
+
+# -- devices and memory ------------------------------------------------------------------------
+
+def compute_device() -> torch.device:
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        return mm.get_torch_device()
+    forced = os.environ.get("WAN_ENHANCED_DEVICE")
+    if forced:
+        return torch.device(forced)
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def make_room(bytes_needed: int, device: torch.device) -> None:
+    """Ask the host to evict its own models so `bytes_needed` fit on `device`."""
+    if device.type != "cuda":
+        return
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        mm.free_memory(bytes_needed + mm.extra_reserved_memory(), device)
+        return
+    release_cached_memory()
+
+
+def unload_host_models() -> None:
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        mm.unload_all_models()
+
+
+def release_cached_memory() -> None:
+    """Return the allocator's unused cache to the driver."""
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        mm.soft_empty_cache()
+    elif torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# -- interrupts and progress -------------------------------------------------------------------
+
+class Interrupted(Exception):
+    """Raised between steps when the run was asked to stop (outside ComfyUI)."""
+
+
+_interrupt = threading.Event()
+
+
+def request_interrupt() -> None:
+    """Ask the running graph to stop at its next check (signal handlers, the embedded runner)."""
+    _interrupt.set()
+
+
+def clear_interrupt() -> None:
+    _interrupt.clear()
+
+
+def check_interrupt() -> None:
+    """Raise if the user asked to stop: ComfyUI's own exception inside ComfyUI."""
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        mm.throw_exception_if_processing_interrupted()
+    if _interrupt.is_set():
+        _interrupt.clear()
+        raise Interrupted("interrupted")
+
+
+ProgressListener = Callable[[str, int, int], None]
+_listeners: list[ProgressListener] = []
+
+
+def add_progress_listener(listener: ProgressListener) -> None:
+    """Headless progress: listener(node_label, value, total) on every update."""
+    _listeners.append(listener)
+
+
+def remove_progress_listener(listener: ProgressListener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+class Progress:
+    """A progress bar: ComfyUI's (websocket progress, and its interrupt check) when hosted,
+    otherwise the registered listeners."""
+
+    def __init__(self, total: int, label: str = ""):
+        self.total, self.label, self.value = total, label, 0
+        utils = _comfy("comfy.utils")
+        self._bar = utils.ProgressBar(total) if utils is not None else None
+
+    def update_to(self, value: int) -> None:
+        self.value = value
+        if self._bar is not None:
+            self._bar.update_absolute(value, self.total)
+        for listener in list(_listeners):
+            listener(self.label, value, self.total)
+
+
+# -- files -------------------------------------------------------------------------------------
+
+_paths = {"models": os.environ.get("WAN_ENHANCED_MODELS", "models"),
+          "output": os.environ.get("WAN_ENHANCED_OUTPUT", "output")}
+
+
+def set_headless_folders(models: str | Path | None = None, output: str | Path | None = None):
+    """Folders used without ComfyUI: models/<folder>/ for the loaders, and the output folder."""
+    if models is not None:
+        _paths["models"] = str(models)
+    if output is not None:
+        _paths["output"] = str(output)
+
+
+def list_models(folder: str) -> list[str]:
+    """Model files of a ComfyUI model folder ("diffusion_models", "text_encoders", "vae")."""
+    fp = _comfy("folder_paths")
+    if fp is not None:
+        try:
+            return fp.get_filename_list(folder)
+        except KeyError:
+            return []
+    root = Path(_paths["models"]) / folder
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(root.rglob("*")):
+        name = path.name
+        if path.is_file() and name.endswith(MODEL_EXTENSIONS) and ".partial" not in name:
+            if "-of-" in name and not name.endswith(".index.json"):
+                continue  # shards are listed through their index
+            found.append(path.relative_to(root).as_posix())
+        elif path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors*")):
+            found.append(path.relative_to(root).as_posix())  # an official or diffusers folder
+    return found
+
+
+def resolve_model(folder: str, name: str) -> Path:
+    """The full path of a model file named in a loader; absolute paths are used as they are."""
+    candidate = Path(name)
+    if candidate.is_absolute():
+        return candidate
+    fp = _comfy("folder_paths")
+    if fp is not None:
+        full = fp.get_full_path(folder, name)
+        if full is not None:
+            return Path(full)
+        return Path(fp.get_folder_paths(folder)[0]) / name if fp.get_folder_paths(folder) \
+            else candidate
+    return Path(_paths["models"]) / folder / name
+
+
+def output_directory() -> Path:
+    fp = _comfy("folder_paths")
+    if fp is not None:
+        return Path(fp.get_output_directory())
+    return Path(_paths["output"])

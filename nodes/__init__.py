@@ -1,0 +1,26 @@
+"""The node classes and their registration names. A node id never changes once released."""
+
+from .decode import WanTiledDecode
+from .latent import WanEmptyLatent
+from .loaders import WanModelLoader, WanTextEncoderLoader, WanVAELoader
+from .memory import WanMemoryProbe
+from .sampler import WanSampler
+from .text import WanTextEncode
+from .video import WanSaveVideo
+
+# Prefixed ids: other packs already use WanSampler / WanModelLoader, and the last pack loaded
+# wins a name clash.
+_NODES = {
+    "WanEnhancedModelLoader": WanModelLoader,
+    "WanEnhancedTextEncoderLoader": WanTextEncoderLoader,
+    "WanEnhancedVAELoader": WanVAELoader,
+    "WanEnhancedTextEncode": WanTextEncode,
+    "WanEnhancedEmptyLatent": WanEmptyLatent,
+    "WanEnhancedSampler": WanSampler,
+    "WanEnhancedTiledDecode": WanTiledDecode,
+    "WanEnhancedMemoryProbe": WanMemoryProbe,
+    "WanEnhancedSaveVideo": WanSaveVideo,
+}
+
+NODE_CLASS_MAPPINGS = dict(_NODES)
+NODE_DISPLAY_NAME_MAPPINGS = {node_id: cls.DISPLAY for node_id, cls in _NODES.items()}

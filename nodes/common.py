@@ -1,0 +1,31 @@
+"""What every node shares: the category, node-error wrapping and memory events."""
+
+from __future__ import annotations
+
+import contextlib
+
+CATEGORY = "Wan Enhanced"
+
+
+class NodeInputError(ValueError):
+    """A bad input, reported with the node's display name and the field."""
+
+
+@contextlib.contextmanager
+def node_errors(node: str):
+    """Re-raise input and checkpoint errors with the node's name in front: the message then says
+    which node and which field, and the process stays usable."""
+    from ..checkpoints.reader import CheckpointError
+    from ..pipeline.sample import InputError
+
+    try:
+        yield
+    except (CheckpointError, InputError, FileNotFoundError) as exc:
+        raise NodeInputError(f"{node}: {exc}") from exc
+
+
+def memory_event(label: str, stage: str, node_id=None, **extra) -> None:
+    """One event in the run's memory log (profiling/events.py)."""
+    from ..profiling.events import record_event
+
+    record_event(label, stage=stage, node=str(node_id or ""), extra=extra or None)

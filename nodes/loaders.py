@@ -1,0 +1,108 @@
+"""Loader nodes: model, text encoder, VAE. Each loads to the CPU; the computing node places it."""
+
+from __future__ import annotations
+
+from .. import host
+from ..pipeline import loading
+from ..wan.attention import available_backends
+from .common import CATEGORY, memory_event, node_errors
+
+HIDDEN = {"unique_id": "UNIQUE_ID"}
+OPTIONAL = {"keep_on_gpu": ("BOOLEAN", {"default": False, "tooltip": "keep the model on the GPU "
+                                        "between nodes and runs instead of offloading it"})}
+
+
+def _file_choice(folder: str):
+    return (host.list_models(folder), {"tooltip": f"a file of the '{folder}' models folder"})
+
+
+def _validate_file(folder: str, name: str):
+    """True for listed files and, headless, for any existing path; else the reason."""
+    if name in host.list_models(folder) or host.resolve_model(folder, name).exists():
+        return True
+    return f"{name!r} is not in the {folder} folder ({host.list_models(folder)[:8]}...)"
+
+
+class WanModelLoader:
+    DISPLAY = "Wan Model Loader"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model_name": _file_choice("diffusion_models"),
+            "weight_dtype": (list(loading.DTYPES), {"default": "bf16"}),
+            "attention": (available_backends(), {"default": "sdpa"}),
+        }, "optional": OPTIONAL, "hidden": HIDDEN}
+
+    RETURN_TYPES = ("WANMODEL",)
+    RETURN_NAMES = ("model",)
+    FUNCTION = "load"
+    CATEGORY = CATEGORY
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, model_name):
+        return _validate_file("diffusion_models", model_name)
+
+    def load(self, model_name, weight_dtype, attention, keep_on_gpu=False, unique_id=None):
+        with node_errors(self.DISPLAY):
+            handle = loading.load_model(host.resolve_model("diffusion_models", model_name),
+                                        weight_dtype, attention, keep_on_gpu)
+        memory_event(f"loaded {handle.name}", "load", unique_id, component="dit")
+        return (handle,)
+
+
+class WanTextEncoderLoader:
+    DISPLAY = "Wan Text Encoder Loader"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "text_encoder_name": _file_choice("text_encoders"),
+            "dtype": (list(loading.DTYPES), {"default": "bf16"}),
+            "device": (["gpu", "cpu"], {"default": "gpu",
+                                        "tooltip": "where the encoder runs"}),
+        }, "optional": OPTIONAL, "hidden": HIDDEN}
+
+    RETURN_TYPES = ("WANTEXTENCODER",)
+    RETURN_NAMES = ("text_encoder",)
+    FUNCTION = "load"
+    CATEGORY = CATEGORY
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, text_encoder_name):
+        return _validate_file("text_encoders", text_encoder_name)
+
+    def load(self, text_encoder_name, dtype, device, keep_on_gpu=False, unique_id=None):
+        with node_errors(self.DISPLAY):
+            handle = loading.load_text_encoder_handle(
+                host.resolve_model("text_encoders", text_encoder_name), dtype, device,
+                keep_on_gpu)
+        memory_event(f"loaded {handle.name}", "load", unique_id, component="text_encoder")
+        return (handle,)
+
+
+class WanVAELoader:
+    DISPLAY = "Wan VAE Loader"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "vae_name": _file_choice("vae"),
+            "dtype": (list(loading.DTYPES), {"default": "bf16"}),
+        }, "optional": OPTIONAL, "hidden": HIDDEN}
+
+    RETURN_TYPES = ("WANVAE",)
+    RETURN_NAMES = ("vae",)
+    FUNCTION = "load"
+    CATEGORY = CATEGORY
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, vae_name):
+        return _validate_file("vae", vae_name)
+
+    def load(self, vae_name, dtype, keep_on_gpu=False, unique_id=None):
+        with node_errors(self.DISPLAY):
+            handle = loading.load_vae_handle(host.resolve_model("vae", vae_name), dtype,
+                                             keep_on_gpu)
+        memory_event(f"loaded {handle.name}", "load", unique_id, component="vae")
+        return (handle,)

@@ -1,0 +1,47 @@
+"""The memory probe: a pass-through on any type that records a labelled memory event."""
+
+from __future__ import annotations
+
+from .. import host
+from .common import CATEGORY, node_errors
+
+
+class WanMemoryProbe:
+    DISPLAY = "Wan Memory Probe"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "value": ("*",),
+            "label": ("STRING", {"default": "probe"}),
+        }, "optional": {
+            "save_log": ("STRING", {"default": "", "tooltip": "when set, the run's event log is "
+                                    "written to this file name in the output folder"}),
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ("*",)
+    RETURN_NAMES = ("value",)
+    FUNCTION = "probe"
+    CATEGORY = CATEGORY
+    OUTPUT_NODE = True
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, input_types=None):
+        return True  # any type passes through
+
+    @classmethod
+    def IS_CHANGED(cls, **_):
+        return float("nan")  # a probe always records
+
+    def probe(self, value, label, save_log="", unique_id=None):
+        from ..profiling.events import current_log
+
+        log = current_log()
+        event = log.record(label, stage="probe", node=str(unique_id or ""))
+        ui = {"memory_events": [event]}
+        if save_log:
+            with node_errors(self.DISPLAY):
+                path = host.output_directory() / save_log
+                log.save(path)
+            ui["memory_log"] = [str(path)]
+        return {"ui": ui, "result": (value,)}

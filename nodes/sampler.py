@@ -1,0 +1,59 @@
+"""The sampler node: one model, or the two Wan2.2 A14B experts switched at the boundary."""
+
+from __future__ import annotations
+
+
+from .. import host
+from ..pipeline.sample import SamplerSettings, sample
+from ..sampling.solvers import SOLVER_NAMES
+from .common import CATEGORY, memory_event, node_errors
+
+
+class WanSampler:
+    DISPLAY = "Wan Sampler"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("WANMODEL", {"tooltip": "for Wan2.2 A14B: the high-noise expert"}),
+            "positive": ("CONDITIONING",),
+            "negative": ("CONDITIONING",),
+            "latent": ("LATENT",),
+            "seed": ("INT", {"default": 0, "min": 0, "max": 2**53 - 1,
+                             "control_after_generate": True}),
+            "steps": ("INT", {"default": 30, "min": 1, "max": 1000}),
+            "cfg": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1}),
+            "shift": ("FLOAT", {"default": 5.0, "min": 0.01, "max": 100.0, "step": 0.1}),
+            "scheduler": (list(SOLVER_NAMES), {"default": "unipc"}),
+            "denoise": ("FLOAT", {"default": 1.0, "min": 0.01, "max": 1.0, "step": 0.01}),
+        }, "optional": {
+            "low_noise_model": ("WANMODEL", {"tooltip": "Wan2.2 A14B low-noise expert"}),
+            "boundary": ("FLOAT", {"default": 0.875, "min": 0.0, "max": 1.0, "step": 0.005,
+                                   "tooltip": "A14B: the high-noise expert runs while "
+                                              "t >= boundary * 1000 (T2V 0.875, I2V 0.9)"}),
+            "cfg_low_noise": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 100.0,
+                                        "step": 0.1, "tooltip": "A14B: guidance of the "
+                                        "low-noise expert; -1 uses cfg"}),
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "run"
+    CATEGORY = CATEGORY
+
+    def run(self, model, positive, negative, latent, seed, steps, cfg, shift, scheduler,
+            denoise, low_noise_model=None, boundary=0.875, cfg_low_noise=-1.0, unique_id=None):
+        settings = SamplerSettings(seed=seed, steps=steps, cfg=cfg, shift=shift,
+                                   scheduler=scheduler, denoise=denoise, boundary=boundary,
+                                   cfg_low_noise=None if cfg_low_noise < 0 else cfg_low_noise)
+        progress = host.Progress(steps, self.DISPLAY)
+        memory_event("sampling starts", "sample", unique_id)
+
+        def step_done(index: int, total: int) -> None:
+            progress.update_to(index + 1)
+            memory_event(f"step {index + 1}/{total}", "sample", unique_id, step=index + 1)
+
+        with node_errors(self.DISPLAY):
+            out = sample(model, positive, negative, latent, settings,
+                         low_noise_model=low_noise_model, on_step=step_done)
+        memory_event("sampling done", "sample", unique_id)
+        return (out,)

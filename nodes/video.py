@@ -1,0 +1,36 @@
+"""Saving IMAGE frames as an H.264 MP4; shown in ComfyUI's UI, and works headless."""
+
+from __future__ import annotations
+
+from .. import host
+from ..pipeline.video_io import next_output_path, save_mp4
+from .common import CATEGORY, memory_event, node_errors
+
+
+class WanSaveVideo:
+    DISPLAY = "Wan Save Video"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "images": ("IMAGE",),
+            "filename_prefix": ("STRING", {"default": "wan/video"}),
+            "fps": ("FLOAT", {"default": 16.0, "min": 1.0, "max": 120.0, "step": 1.0}),
+            "crf": ("INT", {"default": 19, "min": 0, "max": 51,
+                            "tooltip": "H.264 quality: lower is better, 17-23 is typical"}),
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "save"
+    CATEGORY = CATEGORY
+    OUTPUT_NODE = True
+
+    def save(self, images, filename_prefix, fps, crf, unique_id=None):
+        root = host.output_directory()
+        with node_errors(self.DISPLAY):
+            path = save_mp4(images, next_output_path(root, filename_prefix), fps=fps, crf=crf)
+        memory_event(f"saved {path.name}", "save", unique_id)
+        relative = path.relative_to(root)
+        entry = {"filename": relative.name, "subfolder": relative.parent.as_posix()
+                 if relative.parent.as_posix() != "." else "", "type": "output"}
+        return {"ui": {"images": [entry], "animated": (True,)}}

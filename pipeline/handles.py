@@ -1,0 +1,76 @@
+"""What travels between nodes for the models: light handles around CPU-resident modules.
+
+A handle carries the module (its weights on the CPU between uses), what the checkpoint is and the
+options chosen at load time. Run state never lives on a handle or its module: placement on the
+GPU happens inside the node that computes (pipeline/placement.py) and is undone before it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..checkpoints.loader import CheckpointInfo
+from ..wan.latent_format import WAN21_LATENT, WAN22_LATENT, LatentFormat
+
+
+@dataclass(eq=False)
+class WanModelHandle:
+    model: torch.nn.Module  # WanDiT
+    info: CheckpointInfo
+    attention: str = "sdpa"
+
+    @property
+    def name(self) -> str:
+        return Path(self.info.path).name
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vae_kind(self) -> str:
+        """The VAE this model's latents belong to."""
+        return "vae22" if self.config.out_dim == 48 else "vae21"
+
+    @property
+    def latent_format(self) -> LatentFormat:
+        return WAN22_LATENT if self.vae_kind == "vae22" else WAN21_LATENT
+
+    @property
+    def latent_channels(self) -> int:
+        return self.config.out_dim
+
+    @property
+    def spatial_stride(self) -> int:
+        """Pixels per latent-grid step times the DiT's patch: what width/height must divide by."""
+        return (16 if self.vae_kind == "vae22" else 8) * self.config.patch_size[1]
+
+
+@dataclass(eq=False)
+class WanTextEncoderHandle:
+    model: torch.nn.Module  # UMT5Encoder
+    tokenizer: object  # UMT5Tokenizer
+    info: CheckpointInfo
+    device: str = "gpu"  # "gpu" or "cpu": where the encoder runs
+
+    @property
+    def name(self) -> str:
+        return Path(self.info.path).name
+
+
+@dataclass(eq=False)
+class WanVAEHandle:
+    model: torch.nn.Module  # WanVAE21 / WanVAE22
+    info: CheckpointInfo
+    kind: str = field(default="vae21")  # "vae21" | "vae22"
+
+    @property
+    def name(self) -> str:
+        return Path(self.info.path).name
+
+    @property
+    def latent_format(self) -> LatentFormat:
+        return WAN22_LATENT if self.kind == "vae22" else WAN21_LATENT

@@ -1,0 +1,71 @@
+"""Loading the three model files into handles, with the tokenizer found where users keep it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .. import host
+from ..checkpoints.loader import load_dit, load_text_encoder, load_vae
+from ..checkpoints.reader import CheckpointError
+from ..wan.attention import available_backends
+from ..wan.tokenizer import UMT5Tokenizer
+from .handles import WanModelHandle, WanTextEncoderHandle, WanVAEHandle
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _dtype(name: str, field: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise CheckpointError(f"{field}: {name!r} is not one of {list(DTYPES)}")
+    return DTYPES[name]
+
+
+def _resident(module: torch.nn.Module, keep_on_gpu: bool) -> torch.nn.Module:
+    """Models normally wait on the CPU; `keep_on_gpu` keeps one on the compute device between
+    nodes and runs (no transfer per run, at the cost of its memory all the time)."""
+    return module.to(host.compute_device()) if keep_on_gpu else module
+
+
+def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "sdpa",
+               keep_on_gpu: bool = False) -> WanModelHandle:
+    if attention not in available_backends():
+        raise CheckpointError(f"attention: {attention!r} is not available here; available: "
+                              f"{available_backends()}")
+    model, info = load_dit(path, _dtype(weight_dtype, "weight_dtype"))
+    return WanModelHandle(_resident(model, keep_on_gpu), info, attention)
+
+
+def load_vae_handle(path: Path, dtype: str = "bf16", keep_on_gpu: bool = False) -> WanVAEHandle:
+    model, info = load_vae(path, _dtype(dtype, "dtype"))
+    return WanVAEHandle(_resident(model, keep_on_gpu), info, info.component)
+
+
+def find_tokenizer(path: Path, embedded: bytes | None) -> UMT5Tokenizer:
+    """The embedded sentencepiece model, else a tokenizer beside the checkpoint: the release's
+    google/umt5-xxl/ folder, a tokenizer.json or spiece.model, or a tokenizer/ folder."""
+    if embedded is not None:
+        return UMT5Tokenizer.from_spiece_bytes(embedded)
+    folder = path if path.is_dir() else path.parent
+    for candidate in (folder / "google" / "umt5-xxl", folder / "tokenizer.json",
+                      folder / "spiece.model", folder / "tokenizer"):
+        if candidate.exists():
+            return UMT5Tokenizer.from_path(candidate)
+    raise CheckpointError(
+        f"{path}: no tokenizer found: the file embeds none (no 'spiece_model' tensor) and "
+        f"{folder} holds no google/umt5-xxl/, tokenizer.json, spiece.model or tokenizer/")
+
+
+def load_text_encoder_handle(path: Path, dtype: str = "bf16", device: str = "gpu",
+                             keep_on_gpu: bool = False) -> WanTextEncoderHandle:
+    if device not in ("gpu", "cpu"):
+        raise CheckpointError(f"device: {device!r} is not 'gpu' or 'cpu'")
+    model, spiece, info = load_text_encoder(path, _dtype(dtype, "dtype"))
+    try:
+        tokenizer = find_tokenizer(Path(path), spiece)
+    except (OSError, ValueError) as exc:
+        del model
+        raise CheckpointError(str(exc)) from exc
+    return WanTextEncoderHandle(_resident(model, keep_on_gpu and device == "gpu"), tokenizer,
+                                info, device)

@@ -1,0 +1,135 @@
+"""Sampling a video latent with a Wan DiT (or the two Wan2.2 A14B experts).
+
+LATENT follows ComfyUI: samples are raw VAE latents (not normalised), float32 on the CPU. The
+DiT works on normalised latents, so they are normalised on the way in and restored on the way
+out. CONDITIONING follows ComfyUI too: [[rows [1, L, 4096], {...}], ...]; ours and ComfyUI's own
+umT5 encoding both work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .. import host
+from ..sampling.experts import ExpertPair, SingleModel
+from ..sampling.loop import denoise as run_denoise
+from ..sampling.loop import make_noise, noise_latent
+from ..sampling.solvers import SOLVER_NAMES, make_schedule, make_solver
+from .handles import WanModelHandle
+from .placement import DevicePlacement
+
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    seed: int
+    steps: int = 30
+    cfg: float = 5.0
+    shift: float = 5.0
+    scheduler: str = "unipc"
+    denoise: float = 1.0
+    # Wan2.2 A14B: the low-noise expert's guidance scale (None: same as cfg) and the switch point
+    cfg_low_noise: float | None = None
+    boundary: float = 0.875
+
+
+class InputError(ValueError):
+    """An input of the wrong kind; the message names the input and what was expected."""
+
+
+def conditioning_rows(conditioning, field: str, width: int = 4096) -> torch.Tensor:
+    """The text rows [1, L, width] of a CONDITIONING value (umT5-xxl: width 4096)."""
+    try:
+        rows = conditioning[0][0]
+    except (TypeError, IndexError, KeyError):
+        raise InputError(f"{field}: expected CONDITIONING ([[tensor, dict]]), got "
+                         f"{type(conditioning).__name__}") from None
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 3:
+        raise InputError(f"{field}: expected conditioning rows [1, L, {width}], got "
+                         f"{getattr(rows, 'shape', type(rows).__name__)}")
+    if rows.shape[-1] != width:
+        raise InputError(f"{field}: conditioning of width {rows.shape[-1]}; this model takes "
+                         f"text rows of width {width} (umT5-xxl; was another text encoder used?)")
+    return rows
+
+
+def check_latent(latent, model: WanModelHandle, field: str = "latent") -> torch.Tensor:
+    samples = latent.get("samples") if isinstance(latent, dict) else None
+    if not isinstance(samples, torch.Tensor) or samples.dim() != 5:
+        raise InputError(f"{field}: expected a video LATENT {{'samples': [B, C, T, H, W]}}")
+    channels = model.latent_channels
+    if samples.shape[1] != channels:
+        raise InputError(f"{field}: the latent has {samples.shape[1]} channels; {model.name} "
+                         f"works on {channels}-channel latents ({model.vae_kind} VAE)")
+    return samples
+
+
+def schedule_for(settings: SamplerSettings):
+    """`steps` model steps; with denoise < 1 they cover the last part of a longer schedule of
+    steps / denoise steps, as ComfyUI's samplers do."""
+    if settings.scheduler not in SOLVER_NAMES:
+        raise InputError(f"scheduler: {settings.scheduler!r} is not one of {list(SOLVER_NAMES)}")
+    if not 0 < settings.denoise <= 1:
+        raise InputError(f"denoise: {settings.denoise} is outside (0, 1]")
+    total = max(settings.steps, int(settings.steps / settings.denoise))
+    full = make_schedule(settings.scheduler, total, settings.shift)
+    return full.tail(total - settings.steps) if total > settings.steps else full
+
+
+def _dit_fn(handle: WanModelHandle):
+    def forward(x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        return handle.model(x, t, context, attention=handle.attention)
+    return forward
+
+
+def sample(model: WanModelHandle, positive, negative, latent: dict, settings: SamplerSettings,
+           *, low_noise_model: WanModelHandle | None = None, device=None,
+           on_step: Callable[[int, int], None] | None = None) -> dict:
+    """Denoise `latent` and return a new LATENT (CPU, float32, raw VAE space)."""
+    device = torch.device(device) if device is not None else host.compute_device()
+    clean = check_latent(latent, model)
+    width = model.config.text_dim
+    cond = conditioning_rows(positive, "positive", width)
+    uncond = conditioning_rows(negative, "negative", width) if settings.cfg != 1 or (
+        settings.cfg_low_noise not in (None, 1)) else None
+    if low_noise_model is not None:
+        if low_noise_model.config != model.config.renamed(low_noise_model.config.name):
+            raise InputError(f"low_noise_model: {low_noise_model.name} does not have the shape "
+                             f"of {model.name}; the A14B experts are a matching pair")
+    schedule = schedule_for(settings)
+    fmt = model.latent_format
+
+    noise = make_noise(clean.shape, settings.seed)
+    if settings.denoise < 1:
+        start = noise_latent(fmt.normalise(clean), noise, schedule)
+    else:
+        start = noise
+    del noise
+
+    with DevicePlacement(device) as placement:
+        if low_noise_model is None:
+            placement.place(model.model)
+            selector = SingleModel(_dit_fn(model), settings.cfg)
+        else:
+            modules = {"high_noise": model.model, "low_noise": low_noise_model.model}
+            selector = ExpertPair(
+                _dit_fn(model), _dit_fn(low_noise_model), settings.boundary,
+                (settings.cfg if settings.cfg_low_noise is None else settings.cfg_low_noise,
+                 settings.cfg),
+                on_switch=lambda _old, new: placement.place(modules[new.name], exclusive=True))
+
+        def step_done(index: int, total: int, _x: torch.Tensor) -> None:
+            if on_step is not None:
+                on_step(index, total)
+
+        result = run_denoise(
+            selector, start.to(device), make_solver(settings.scheduler, schedule),
+            cond.to(device, torch.float32),
+            uncond=None if uncond is None else uncond.to(device, torch.float32),
+            callback=step_done, interrupt=host.check_interrupt)
+        out = fmt.denormalise(result).to("cpu")
+        del result
+    return {"samples": out}

@@ -1,0 +1,31 @@
+"""Prompts to CONDITIONING with the umT5 encoder.
+
+The result has ComfyUI's form, [[rows [1, 512, 4096], {}]], with the rows past the prompt's
+tokens set to zero: exactly what ComfyUI's own Wan text encoding produces, so our conditioning
+feeds ComfyUI's samplers and theirs feeds ours; the DiT sees the same 512 rows the official
+pipeline builds (valid rows, then zero rows).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import host
+from .handles import WanTextEncoderHandle
+from .placement import DevicePlacement
+
+
+def encode_prompts(handle: WanTextEncoderHandle, prompts: list[str]) -> list[torch.Tensor]:
+    """One float32 CPU tensor [1, 512, 4096] per prompt; the encoder leaves the device after."""
+    device = host.compute_device() if handle.device == "gpu" else torch.device("cpu")
+    ids, mask = handle.tokenizer(prompts)
+    with DevicePlacement(device) as placement, torch.no_grad():
+        placement.place(handle.model)
+        hidden = handle.model(ids.to(device), mask.to(device))
+        rows = (hidden.float() * mask.to(device)[..., None]).to("cpu")
+        del hidden
+    return [rows[i:i + 1] for i in range(rows.shape[0])]
+
+
+def as_conditioning(rows: torch.Tensor) -> list:
+    return [[rows, {}]]

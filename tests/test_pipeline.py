@@ -1,0 +1,187 @@
+"""The whole text-to-video graph through the node classes, on tiny random models, on the CPU:
+outputs, bad inputs with clear messages, interrupts, and memory that returns to its baseline."""
+
+import gc
+
+import pytest
+import torch
+
+from wan_enhanced import host
+from wan_enhanced.checkpoints import tiny
+from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
+from wan_enhanced.nodes.common import NodeInputError
+from wan_enhanced.pipeline.video_io import read_mp4
+
+NAMES = {"ti2v": ("tiny_ti2v.safetensors", "tiny_vae22.safetensors"),
+         "t2v": ("tiny_t2v.safetensors", "tiny_vae21.safetensors")}
+TE = "tiny_umt5.safetensors"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    for kind, (dit, vae) in NAMES.items():
+        tiny.write_models_folder(root, dit_name=dit, vae_name=vae, text_encoder_name=TE, kind=kind)
+    return root
+
+
+@pytest.fixture
+def headless(models, tmp_path):
+    out = tmp_path / "out"
+    host.set_headless_folders(models=models, output=out)
+    host.clear_interrupt()
+    yield out
+    host.set_headless_folders(models="models", output="output")
+
+
+def node(name):
+    return NODES[f"WanEnhanced{name}"]()
+
+
+def run_graph(kind="ti2v", width=64, height=64, frames=5, steps=2, prefix="test/clip",
+              mode="tiled", sampler_kwargs=None):
+    dit, vae = NAMES[kind]
+    (model,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    (vae_handle,) = node("VAELoader").load(vae, "fp32")
+    pos, neg = node("TextEncode").encode(encoder, "a red fox in the snow", "blurry")
+    (latent,) = node("EmptyLatent").make(model, width, height, frames, 1)
+    (sampled,) = node("Sampler").run(model, pos, neg, latent, seed=7, steps=steps, cfg=4.0,
+                                     shift=5.0, scheduler="unipc", denoise=1.0,
+                                     **(sampler_kwargs or {}))
+    (images,) = node("TiledDecode").run(vae_handle, sampled, 32, 32, 16, 16, mode)
+    ui = node("SaveVideo").save(images, prefix, 16.0, 19)
+    return sampled, images, ui
+
+
+def test_text_to_video_graph(headless):
+    sampled, images, ui = run_graph()
+    samples = sampled["samples"]
+    assert samples.device.type == "cpu" and samples.dtype == torch.float32
+    assert samples.shape == (1, 48, 2, 4, 4)  # TI2V: 16x VAE stride
+    assert torch.isfinite(samples).all() and samples.abs().max() > 0
+    assert images.shape == (5, 64, 64, 3) and images.device.type == "cpu"
+    assert 0 <= float(images.min()) and float(images.max()) <= 1
+    entry = ui["ui"]["images"][0]
+    assert entry["type"] == "output" and entry["subfolder"] == "test"
+    frames, fps = read_mp4(headless / "test" / entry["filename"])
+    assert frames.shape[0] == 5 and fps == 16
+
+
+def test_wan21_graph_and_determinism(headless):
+    first, _, _ = run_graph("t2v", width=48, height=32)
+    second, _, _ = run_graph("t2v", width=48, height=32)
+    assert first["samples"].shape == (1, 16, 2, 4, 6)
+    assert torch.equal(first["samples"], second["samples"])  # same seed, same result
+
+
+def test_text_encode_matches_comfyui_form(headless):
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    pos, neg = node("TextEncode").encode(encoder, "a cat", "")
+    rows = pos[0][0]
+    assert rows.shape == (1, 512, 4096) or rows.shape[:2] == (1, 512)
+    valid = int((rows.abs().sum(-1) > 0).sum())
+    ids, mask = encoder.tokenizer(["a cat"])
+    assert valid == int(mask.sum())  # rows past the prompt's tokens are zero
+    assert isinstance(pos[0][1], dict)
+
+
+def test_a14b_expert_pair_switches_once(headless, monkeypatch):
+    dit, _ = NAMES["t2v"]
+    (high,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (low,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    pos, neg = node("TextEncode").encode(encoder, "a", "b")
+    (latent,) = node("EmptyLatent").make(high, 32, 32, 1, 1)
+    calls = []
+    for name, handle in (("high", high), ("low", low)):
+        original = handle.model.forward
+
+        def spy(*args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(handle.model, "forward", spy)
+    node("Sampler").run(high, pos, neg, latent, seed=1, steps=8, cfg=3.0, shift=5.0,
+                        scheduler="unipc", denoise=1.0, low_noise_model=low, boundary=0.875,
+                        cfg_low_noise=2.0)
+    switched = [i for i in range(1, len(calls)) if calls[i] != calls[i - 1]]
+    assert calls[0] == "high" and calls[-1] == "low" and len(switched) == 1
+
+
+def test_bad_inputs_name_node_and_field(headless, tmp_path):
+    dit, vae21 = NAMES["t2v"]
+    with pytest.raises(NodeInputError, match="Wan Model Loader: .*Wan2.1 VAE.*VAE loader"):
+        node("ModelLoader").load(str(host.resolve_model("vae", vae21)), "bf16", "sdpa")
+    with pytest.raises(NodeInputError, match="Wan VAE Loader: .*no such file"):
+        node("VAELoader").load("missing.safetensors", "bf16")
+    (ti2v,) = node("ModelLoader").load(NAMES["ti2v"][0], "fp32", "sdpa")
+    with pytest.raises(NodeInputError, match=r"Wan Empty Latent: width 100 is not a multiple of "
+                                             r"32 \(nearest valid: 96 or 128\); frames 80 is not "
+                                             r"of the form 4n\+1 \(nearest valid: 77 or 81\)"):
+        node("EmptyLatent").make(ti2v, 100, 64, 80, 1)
+    (vae_handle,) = node("VAELoader").load(vae21, "fp32")
+    (latent,) = node("EmptyLatent").make(ti2v, 64, 64, 5, 1)
+    with pytest.raises(NodeInputError, match="Wan Tiled Decode: latent: a 48-channel latent "
+                                             ".*Wan2.1 VAE"):
+        node("TiledDecode").run(vae_handle, latent, 32, 32, 16, 16, "tiled")
+    (t2v,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    wrong_width = [[torch.zeros(1, 77, 768), {}]]
+    with pytest.raises(NodeInputError, match="Wan Sampler: positive: conditioning of width 768"):
+        node("Sampler").run(t2v, wrong_width, wrong_width, {"samples": torch.zeros(
+            1, 16, 1, 4, 4)}, 0, 2, 5.0, 5.0, "unipc", 1.0)
+    good = [[torch.zeros(1, 512, 4096), {}]]
+    with pytest.raises(NodeInputError, match="latent has 48 channels"):
+        node("Sampler").run(t2v, good, good, latent, 0, 2, 5.0, 5.0, "unipc", 1.0)
+
+
+def test_unwritable_output_leaves_nothing(headless):
+    headless.parent.mkdir(parents=True, exist_ok=True)
+    headless.write_text("a file where the output folder should be")
+    images = torch.rand(3, 16, 16, 3)
+    with pytest.raises((NodeInputError, OSError)):
+        node("SaveVideo").save(images, "clip", 16.0, 19)
+    assert headless.read_text().startswith("a file")
+
+
+def _live_tensors() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects()
+               if type(o) in (torch.Tensor, torch.nn.Parameter) and o.device.type != "meta")
+
+
+def test_interrupt_mid_sampling_releases_and_next_run_works(headless, monkeypatch):
+    run_graph()  # warm up imports and caches
+    before = _live_tensors()
+    calls = {"n": 0}
+    real_check = host.check_interrupt
+
+    def interrupt_at_third_step():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            host.request_interrupt()
+        real_check()
+
+    monkeypatch.setattr(host, "check_interrupt", interrupt_at_third_step)
+    with pytest.raises(host.Interrupted):
+        run_graph(steps=6)
+    monkeypatch.setattr(host, "check_interrupt", real_check)
+    assert _live_tensors() <= before
+    _, images, _ = run_graph()
+    assert images.shape[0] == 5
+
+
+def test_repeated_runs_leave_nothing_behind(headless):
+    import psutil
+
+    run_graph()
+    gc.collect()
+    baseline_tensors = _live_tensors()
+    baseline_rss = psutil.Process().memory_info().rss
+    for _ in range(3):
+        outputs = run_graph()
+        del outputs
+        assert _live_tensors() <= baseline_tensors
+    gc.collect()
+    growth = psutil.Process().memory_info().rss - baseline_rss
+    assert growth < 64 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over three runs"

@@ -1,0 +1,1 @@
+"""Spatially tiled, streamed decoding of Wan video latents (the Wan Tiled Decode node's engine)."""

@@ -34,14 +34,16 @@ TINY_T5 = {"vocab_size": 256, "dim": 64, "dim_attn": 64, "dim_ffn": 128, "num_he
 
 # -- random weights ----------------------------------------------------------------------------
 
-def randomize(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
-    """A seeded random state dict for `module` (built on any device; values made on the CPU)."""
-    gen = torch.Generator().manual_seed(seed)
+def randomize(module: torch.nn.Module, seed: int, device: str | torch.device = "cpu",
+              dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """A seeded random CPU state dict of `dtype` for `module` (built on any device, e.g. meta).
+    The values are drawn on `device`: a GPU makes real-size models in seconds."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     state = {}
     for name, tensor in module.state_dict().items():
         shape = tuple(tensor.shape)
         leaf = name.rsplit(".", 1)[-1]
-        noise = torch.randn(shape, generator=gen)
+        noise = torch.randn(shape, generator=gen, device=device)
         if leaf in ("gamma",) or (leaf == "weight" and len(shape) == 1):
             value = 1.0 + 0.1 * noise  # norm gains
         elif leaf == "bias":
@@ -53,7 +55,8 @@ def randomize(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
         else:
             fan_in = max(1, int(torch.tensor(shape[1:]).prod())) if len(shape) > 1 else 1
             value = noise / fan_in ** 0.5
-        state[name] = value.contiguous()
+        state[name] = value.to(dtype).cpu().contiguous()
+        del noise, value
     return state
 
 
@@ -283,14 +286,15 @@ def random_t5_state(config: dict | None = None, seed: int = 0):
 
 def write_text_encoder(path: str | Path, layout: str = "hf", config: dict | None = None,
                        seed: int = 0, dtype: torch.dtype = torch.bfloat16,
-                       spiece_model: bytes | None = None) -> Path:
+                       spiece_model: bytes | None = None,
+                       state: dict[str, torch.Tensor] | None = None) -> Path:
     """Layouts: official (Wan T5 names, .pth like models_t5_umt5-xxl-enc-bf16.pth) and hf
     (UMT5 names as ComfyUI's umt5_xxl files, with the sentencepiece model embedded as a uint8
     tensor `spiece_model` when given)."""
     from ..wan.t5 import wan_key_to_hf
 
     path = Path(path)
-    state = _cast(random_t5_state(config, seed), dtype)
+    state = _cast(state if state is not None else random_t5_state(config, seed), dtype)
     if layout == "official":
         _atomic_save(state, path)
         return path

@@ -47,14 +47,16 @@ def build_models(root: Path) -> None:
     if not dit.exists():
         config = KNOWN_DITS["wan2.1-t2v-1.3b"].config
         with torch.device("meta"):
-            state = randomize(WanDiT(config), 1, draw, torch.bfloat16)
+            module = WanDiT(config)
+        state = randomize(module, 1, draw, torch.bfloat16)
         dit.parent.mkdir(parents=True, exist_ok=True)
         write_dit(dit, config, "comfy", state=state, dtype=torch.bfloat16)
         del state
     vae = root / "vae" / "wan_2.1_vae.safetensors"
     if not vae.exists():
         with torch.device("meta"):
-            state = randomize(WanVAE21(), 2, draw)
+            module = WanVAE21()
+        state = randomize(module, 2, draw)
         vae.parent.mkdir(parents=True, exist_ok=True)
         write_vae(vae, "vae21", state=state)
     te = root / "text_encoders" / "umt5_xxl_fp16.safetensors"

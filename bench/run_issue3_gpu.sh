@@ -12,6 +12,6 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_dev
 for m in ("diffusers", "flash_attn", "sageattention", "pynvml", "av", "ftfy"):
     print(m, "yes" if importlib.util.find_spec(m) else "no")
 PY
-python3 -m pytest -q -x --gpu -p no:cacheprovider tests 2>&1 | tail -25 | tee "$out/pytest_gpu.txt"
+python3 -m pytest -q --gpu -p no:cacheprovider tests 2>&1 | tail -25 | tee "$out/pytest_gpu.txt"
 python3 bench/memory_baseline.py --models /tmp/wan-models --out "$out" --steps "$steps" --runs 3 \
   2>&1 | tee "$out/memory_baseline.log" | tail -30

@@ -8,6 +8,7 @@ visibly affects the outputs. Files are written to a temporary name and renamed w
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -53,7 +54,7 @@ def randomize(module: torch.nn.Module, seed: int, device: str | torch.device = "
         elif "pos_embedding" in name or "emb_pos" in name or "token_embedding" in name:
             value = 0.5 * noise
         else:
-            fan_in = max(1, int(torch.tensor(shape[1:]).prod())) if len(shape) > 1 else 1
+            fan_in = max(1, math.prod(shape[1:])) if len(shape) > 1 else 1
             value = noise / fan_in ** 0.5
         state[name] = value.to(dtype).cpu().contiguous()
         del noise, value

@@ -51,10 +51,20 @@ class DevicePlacement:
             tensor.data = tensor.data.to(self.device, non_blocking=True)
         return module
 
-    def release(self, module: torch.nn.Module | None = None) -> None:
+    def release(self, module: torch.nn.Module | None = None, empty_cache: bool = True) -> None:
         modules = list(self._masters) if module is None else [module]
         for m in modules:
             for tensor, master in self._masters.pop(m, []):
                 tensor.data = master
-        if modules and self.device.type == "cuda":
+        if modules and empty_cache and self.device.type == "cuda":
             host.release_cached_memory()
+
+    def stream(self, modules):
+        """Yield each module placed on the device, taking it off again before the next one: the
+        device holds one module at a time (the allocator reuses its memory for the next)."""
+        for module in modules:
+            self.place(module)
+            try:
+                yield module
+            finally:
+                self.release(module, empty_cache=False)

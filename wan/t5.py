@@ -189,19 +189,25 @@ class UMT5Encoder(nn.Module):
             for _ in range(num_layers))
         self.norm = RMSNorm(dim, eps)
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None, *,
+                blocks=None, device: torch.device | str | None = None) -> torch.Tensor:
         """ids int64 [B, L]; mask [B, L] with 0 at padding (None: no padding).
 
         Returns float32 [B, L, dim] (float64 for float64 weights). Every position is computed,
         padding included; valid positions do not depend on how much padding follows. Pipelines
         zero the padding rows (or cut them off) before the DiT sees them.
+
+        For streaming, `blocks` supplies the blocks as they become resident on `device`, where
+        the blocks and the final norm compute; the embedding lookup happens wherever the
+        embedding is (ids must be there), so its large table never has to move.
         """
+        device = torch.device(device) if device is not None else ids.device
         x = self.token_embedding(ids)
-        x = x.to(stream_dtype(x.dtype))
+        x = x.to(device=device, dtype=stream_dtype(x.dtype))
         buckets = relative_position_buckets(ids.shape[1], self.num_buckets, self.max_distance,
-                                            device=ids.device)
-        padding_bias = None if mask is None else key_padding_bias(mask.to(ids.device), x.dtype)
-        for block in self.blocks:
+                                            device=device)
+        padding_bias = None if mask is None else key_padding_bias(mask.to(device), x.dtype)
+        for block in (self.blocks if blocks is None else blocks):
             x = block(x, buckets, padding_bias)
         return self.norm(x, x.dtype)
 

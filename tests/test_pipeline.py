@@ -185,3 +185,26 @@ def test_repeated_runs_leave_nothing_behind(headless):
     gc.collect()
     growth = psutil.Process().memory_info().rss - baseline_rss
     assert growth < 64 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over three runs"
+
+
+def test_sampler_takes_comfyui_shaped_conditioning(headless):
+    """ComfyUI's own text encoding gives at least 512 rows (zero past the prompt) and a dict of
+    extras; the sampler uses the rows and ignores the extras."""
+    (model,) = node("ModelLoader").load(NAMES["t2v"][0], "fp32", "sdpa")
+    width = model.config.text_dim
+    rows = torch.zeros(1, 600, width)
+    rows[:, :9] = torch.randn(1, 9, width)
+    cond = [[rows, {"pooled_output": None, "attention_mask": torch.ones(1, 600)}]]
+    (latent,) = node("EmptyLatent").make(model, 32, 32, 1, 1)
+    (out,) = node("Sampler").run(model, cond, cond, latent, 3, 2, 1.0, 5.0, "euler", 1.0)
+    assert out["samples"].shape == latent["samples"].shape
+    assert torch.isfinite(out["samples"]).all()
+
+
+def test_text_encoder_without_tokenizer(headless, tmp_path):
+    from wan_enhanced.checkpoints.tiny import write_text_encoder
+
+    bare = write_text_encoder(tmp_path / "lonely" / "umt5.safetensors", "hf")
+    with pytest.raises(NodeInputError, match=r"Wan Text Encoder Loader: .*umt5\.safetensors: no "
+                                             r"tokenizer found.*google/umt5-xxl/, tokenizer\.json"):
+        node("TextEncoderLoader").load(str(bare), "fp32", "cpu")

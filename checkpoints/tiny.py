@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from ..atomic_files import atomic_target
 from ..wan.configs import DiTConfig
 from ..wan.dit import WanDiT, is_block_linear
 from . import keymaps
@@ -62,13 +62,11 @@ def randomize(module: torch.nn.Module, seed: int, device: str | torch.device = "
 
 
 def _atomic_save(state: dict[str, torch.Tensor], path: Path, metadata: dict | None = None):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    if path.suffix == ".safetensors":
-        save_file(state, str(tmp), metadata=metadata)
-    else:
-        torch.save(state, str(tmp))
-    os.replace(tmp, path)
+    with atomic_target(path, path.name) as tmp:
+        if path.suffix == ".safetensors":
+            save_file(state, str(tmp), metadata=metadata)
+        else:
+            torch.save(state, str(tmp))
 
 
 def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:

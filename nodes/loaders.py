@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+
 from .. import host
 from ..pipeline import loading
+from ..pipeline.placement import tensor_bytes
 from ..wan.attention import available_backends
 from .common import CATEGORY, memory_event, node_errors
 
@@ -14,6 +17,24 @@ OPTIONAL = {"keep_on_gpu": ("BOOLEAN", {"default": False, "tooltip": "keep the m
 
 def _file_choice(folder: str):
     return (host.list_models(folder), {"tooltip": f"a file of the '{folder}' models folder"})
+
+
+def _loaded_event(handle, component: str, unique_id) -> None:
+    """The load event, attributed: which component, and how much it occupies once placed."""
+    memory_event(f"loaded {handle.name}", "load", unique_id, component=component,
+                 bytes=tensor_bytes(handle.model), dtype=_main_dtype(handle.model),
+                 file=handle.name)
+
+
+def _main_dtype(module) -> str | None:
+    """The dtype holding most of the module's bytes (quantized models keep scales and norms in
+    other dtypes)."""
+    sizes = collections.Counter()
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        sizes[tensor.dtype] += tensor.numel() * tensor.element_size()
+    if not sizes:
+        return None
+    return str(sizes.most_common(1)[0][0]).removeprefix("torch.")
 
 
 def _validate_file(folder: str, name: str):
@@ -47,7 +68,7 @@ class WanModelLoader:
         with node_errors(self.DISPLAY):
             handle = loading.load_model(host.resolve_model("diffusion_models", model_name),
                                         weight_dtype, attention, keep_on_gpu)
-        memory_event(f"loaded {handle.name}", "load", unique_id, component="dit")
+        _loaded_event(handle, "dit", unique_id)
         return (handle,)
 
 
@@ -77,7 +98,7 @@ class WanTextEncoderLoader:
             handle = loading.load_text_encoder_handle(
                 host.resolve_model("text_encoders", text_encoder_name), dtype, device,
                 keep_on_gpu)
-        memory_event(f"loaded {handle.name}", "load", unique_id, component="text_encoder")
+        _loaded_event(handle, "text_encoder", unique_id)
         return (handle,)
 
 
@@ -104,5 +125,5 @@ class WanVAELoader:
         with node_errors(self.DISPLAY):
             handle = loading.load_vae_handle(host.resolve_model("vae", vae_name), dtype,
                                              keep_on_gpu)
-        memory_event(f"loaded {handle.name}", "load", unique_id, component="vae")
+        _loaded_event(handle, "vae", unique_id)
         return (handle,)

@@ -17,6 +17,10 @@ class WanMemoryProbe:
         }, "optional": {
             "save_log": ("STRING", {"default": "", "tooltip": "when set, the run's event log is "
                                     "written to this file name in the output folder"}),
+            "write_report": ("BOOLEAN", {"default": False, "tooltip": "also write a Markdown "
+                                         "memory report with plots next to the event log (the "
+                                         "log goes to save_log, or to wan_memory/RUN_ID.json in "
+                                         "the output folder)"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     RETURN_TYPES = ("*",)
@@ -33,15 +37,20 @@ class WanMemoryProbe:
     def IS_CHANGED(cls, **_):
         return float("nan")  # a probe always records
 
-    def probe(self, value, label, save_log="", unique_id=None):
-        from ..profiling.events import current_log
+    def probe(self, value, label, save_log="", write_report=False, unique_id=None):
+        from ..profiling.events import current_log, default_log_path
 
         log = current_log()
         event = log.record(label, stage="probe", node=str(unique_id or ""))
         ui = {"memory_events": [event]}
-        if save_log:
+        if save_log or write_report:
             with node_errors(self.DISPLAY):
-                path = host.output_directory() / save_log
+                path = (host.output_directory() / save_log if save_log
+                        else default_log_path(log.run["id"]))
                 log.save(path)
             ui["memory_log"] = [str(path)]
+        if write_report:
+            from ..profiling.report import build_report
+
+            ui["memory_report"] = [str(build_report(path, path.parent))]
         return {"ui": ui, "result": (value,)}

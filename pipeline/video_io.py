@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import secrets
 import threading
 from fractions import Fraction
 from pathlib import Path
@@ -22,6 +21,8 @@ from typing import Iterable, Iterator
 import av
 import numpy as np
 import torch
+
+from ..atomic_files import atomic_target
 
 DEFAULT_CRF = 19
 # Preferred first. libx264 ships with PyAV's wheels; the others cover builds without it.
@@ -43,13 +44,8 @@ def save_mp4(frames, path: str | Path, fps: float = 16, crf: int = DEFAULT_CRF,
     if not (isinstance(crf, (int, np.integer)) and 0 <= crf <= 51):
         raise ValueError(f"crf must be an integer from 0 to 51 (lower is better), got {crf!r}")
     encoder = encoder or default_h264_encoder()
-    temp = _create_temp_beside(path)
-    try:
+    with atomic_target(path, path.name, make_folder=False) as temp:
         _encode(_uint8_frames(frames), temp, rate, int(crf), encoder)
-        os.replace(temp, path)
-    except BaseException:  # KeyboardInterrupt and host interrupts included
-        _remove_quietly(temp)
-        raise
     return path
 
 
@@ -204,24 +200,3 @@ def _frame_rate(fps) -> Fraction:
     return rate
 
 
-# -- files -------------------------------------------------------------------------------------
-
-def _create_temp_beside(path: Path) -> Path:
-    """An empty hidden file in the destination folder: the rename at the end is then atomic."""
-    folder = path.parent
-    if not folder.is_dir():
-        raise FileNotFoundError(f"cannot write {path.name}: the folder {folder} does not exist")
-    temp = folder / f".{path.name}.{secrets.token_hex(4)}.partial"
-    try:
-        os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    except OSError as error:  # OSError(errno, …) keeps the subclass: PermissionError, …
-        raise OSError(error.errno, f"cannot write {path.name} into the folder {folder}: "
-                                   f"{error.strerror or error}") from error
-    return temp
-
-
-def _remove_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

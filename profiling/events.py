@@ -18,6 +18,7 @@ File schema "wan-enhanced-memory-events/1":
           "device_total_bytes": 85045231616 | null,   total VRAM
           "ram_total_bytes": 135000000000             total RAM
         },
+        "initial": {snapshot fields},        the counters when the log began: the baseline
         "max_events": 100000,               the log keeps at most this many events
         "dropped_events": 0                 events dropped (the oldest first) once full
       },
@@ -34,7 +35,9 @@ File schema "wan-enhanced-memory-events/1":
           "peak_allocated_bytes": int | null,  torch peak allocated since the previous event
           "peak_reserved_bytes": int | null    (or since the log began, for the first event)
         }
-      ]
+      ],
+      "activity": {…}                       only when a GPU activity trace was attached
+                                            (attach_activity); its schema is in activity.py
     }
 
 All sizes are bytes; null means "not measurable here" (no CUDA, no NVML). The snapshot fields
@@ -44,9 +47,13 @@ Peaks: the log owns torch's peak counters. After each event it calls
 torch.cuda.reset_peak_memory_stats, so an event's peak covers exactly the interval since the
 previous event; code that measures peaks itself should read them from the events instead.
 
-Compatibility: readers ignore keys they do not know; new keys (an NVML activity sampler's
-"samples", report paths, …) are added without changing the version. The version changes only
-when an existing key changes meaning.
+Extras the nodes record: loaders {"component": "dit" | "text_encoder" | "vae", "bytes": the
+module's parameter and buffer bytes (what it occupies when placed), "dtype": "bfloat16" | …,
+"file": the checkpoint's name}; sampling steps {"step": i}.
+
+Compatibility: readers ignore keys they do not know; new keys ("run.initial", "activity", …)
+are added without changing the version. The version changes only when an existing key changes
+meaning.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ import psutil
 import torch
 
 from .. import host
+from ..atomic_files import write_atomically
 from .snapshot import NVML, cuda_index, reset_cuda_peaks, take_snapshot
 
 SCHEMA = "wan-enhanced-memory-events/1"
@@ -87,12 +95,14 @@ class EventLog:
         self.dropped_events = 0
         self.max_events = max_events
         self.device = device
+        self.activity: dict | None = None
         started = datetime.datetime.now(datetime.timezone.utc)
         self.run = {
             "id": started.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3),
             "started": started.timestamp(),
             "started_iso": started.isoformat(timespec="seconds"),
             "host": host_info(device),
+            "initial": take_snapshot(device),
         }
         self.path = Path(path) if path is not None else default_log_path(self.run["id"])
         reset_cuda_peaks(cuda_index(device))  # the first event's peak starts here
@@ -131,6 +141,16 @@ class EventLog:
     def __len__(self) -> int:
         return len(self._events)
 
+    def attach_activity(self, activity: dict) -> None:
+        """Keep a GPU activity trace (ActivityMonitor.result()) with the log: it is saved under
+        the top-level key "activity". Attaching again replaces the previous trace."""
+        if not isinstance(activity, dict) or "source" not in activity:
+            raise ValueError("attach_activity takes an ActivityMonitor result (a dict with "
+                             f"'source', 'samples' and 'summary'), got {type(activity).__name__}")
+        activity = _as_json(activity)
+        with self._lock:
+            self.activity = activity
+
     # -- files -------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
@@ -138,9 +158,13 @@ class EventLog:
             events = list(self._events)
             run = {**self.run, "max_events": self.max_events,
                    "dropped_events": self.dropped_events}
+            activity = self.activity
         if run["host"].get("device_name") is None:
             run["host"] = host_info(self.device)  # CUDA may have come up since the log began
-        return {"schema": SCHEMA, "run": run, "events": events}
+        data = {"schema": SCHEMA, "run": run, "events": events}
+        if activity is not None:
+            data["activity"] = activity
+        return data
 
     def save(self, path: str | Path | None = None) -> Path:
         """Write the log as JSON, atomically: readers see the previous file or the new one,
@@ -165,6 +189,7 @@ class EventLog:
         log._events = collections.deque(data["events"], maxlen=max(log.max_events, 1))
         log._next_index = log._events[-1]["index"] + 1 if log._events else 0
         log.device = None
+        log.activity = data.get("activity")
         log.run = run
         log.path = Path(path)
         return log
@@ -239,35 +264,29 @@ def _as_json(value):
 
 
 def _dumps(data: dict) -> str:
-    """Readable and compact: the header indented, one event per line."""
-    head = json.dumps({k: v for k, v in data.items() if k != "events"}, indent=2)
-    events = ",\n".join("    " + json.dumps(event) for event in data["events"])
-    body = f'  "events": [\n{events}\n  ]' if events else '  "events": []'
-    return head[:-2] + ",\n" + body + "\n}\n"
+    """Readable and compact: the header indented, one event (and one activity sample) per
+    line."""
+    head = json.dumps({k: v for k, v in data.items() if k not in ("events", "activity")},
+                      indent=2)
+    parts = [head[:-2], _one_per_line("events", data["events"], "  ")]
+    if "activity" in data:
+        activity = data["activity"]
+        fields = [f'    {json.dumps(k)}: {json.dumps(v)}' for k, v in activity.items()
+                  if k != "samples"]
+        fields.append(_one_per_line("samples", activity.get("samples") or [], "    "))
+        parts.append('  "activity": {\n' + ",\n".join(fields) + "\n  }")
+    return ",\n".join(parts) + "\n}\n"
+
+
+def _one_per_line(key: str, items: list, indent: str) -> str:
+    if not items:
+        return f'{indent}"{key}": []'
+    lines = ",\n".join(f"{indent}  " + json.dumps(item) for item in items)
+    return f'{indent}"{key}": [\n{lines}\n{indent}]'
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    folder = path.parent
-    temp = folder / f".{path.name}.{secrets.token_hex(4)}.partial"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        # os.open rather than mkstemp: the file gets the usual umask permissions, not 0600.
-        handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as error:  # OSError(errno, …) keeps the subclass: PermissionError, …
-        raise OSError(error.errno, f"cannot write the memory event log into {folder}: "
-                                   f"{error.strerror or error}") from error
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
+    write_atomically(path, text.encode("utf-8"), "the memory event log")
 
 
 __all__ = ["SCHEMA", "DEFAULT_MAX_EVENTS", "EventLog", "current_log", "start_run",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import demo_command, golden_command, run_command
+from . import bench_command, demo_command, golden_command, report_command, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
     golden_command.add_parser(commands)
     run_command.add_parser(commands)
     demo_command.add_parser(commands)
+    report_command.add_parser(commands)
+    bench_command.add_parser(commands)
     return parser
 
 

@@ -2,8 +2,8 @@
 
 It builds a temporary models folder holding tiny checkpoints under the file names the workflow
 names (a Wan2.2 TI2V-layout DiT, the Wan2.2 VAE layout, a ComfyUI-layout umT5 with its tokenizer
-embedded), runs the workflow in-process at a size the CPU handles in seconds, and writes the MP4
-and the run's memory event log to the output folder.
+embedded), runs the workflow in-process at a size the CPU handles in seconds, and writes the MP4,
+the run's memory event log and its report to the output folder.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..checkpoints.tiny import write_models_folder
 from ..profiling.events import current_log, start_run
+from ..profiling.report import build_report
 
 WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / "wan22_ti2v_5b_speed_preview.json"
 
@@ -56,4 +57,5 @@ def run(args) -> int:
         code = run_args.func(run_args)
     log_path = current_log().save(out / "memory_events.json")
     print(f"memory events: {log_path}", file=sys.stderr)
+    print(f"memory report: {build_report(log_path)}", file=sys.stderr)
     return code

@@ -124,6 +124,7 @@ def ui_to_api(graph: dict, registry: dict, source: str | None = None) -> dict:
         linked = {i["name"]: links.get(i.get("link")) for i in node.get("inputs", [])
                   if i.get("link") is not None}
         inputs: dict[str, Any] = {}
+        optional = set(registry[class_type].INPUT_TYPES().get("optional") or {})
         for name, kind, options in _declared(registry[class_type]):
             if name in linked:
                 inputs[name] = linked[name]
@@ -133,6 +134,10 @@ def ui_to_api(graph: dict, registry: dict, source: str | None = None) -> dict:
                         values.pop(0)
                 continue
             if _is_widget(kind):
+                if not values and name in optional:
+                    # saved before this optional widget existed: the frontend gives it its default
+                    inputs[name] = options.get("default")
+                    continue
                 if not values:
                     issues.append(Issue("fewer widget values than the node has widgets",
                                         node_id, class_type, input_name=name))

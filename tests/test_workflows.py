@@ -95,3 +95,17 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert {"load", "text_encode", "sample", "decode", "save"} <= stages
     assert sum(1 for e in log.events if e["label"].startswith("step ")) == 5
     assert seconds < 120, f"the demo took {seconds:.0f} s"
+    report = out / "memory_events-report.md"
+    assert report.is_file() and "memory_events-timeline.png" in report.read_text()
+
+
+def test_ui_file_saved_before_an_optional_widget_existed():
+    """A probe saved with two widget values (before write_report was appended) still converts,
+    the missing trailing optional widget taking its default, as ComfyUI's frontend does."""
+    ui = json.loads((ROOT / "example_workflows" / "wan21_t2v_1_3b_memory_baseline.json").read_text())
+    for node in ui["nodes"]:
+        if node["type"] == "WanEnhancedMemoryProbe":
+            node["widgets_values"] = node["widgets_values"][:2]
+    api = ui_to_api(ui, NODE_CLASS_MAPPINGS)
+    probes = [n for n in api.values() if n["class_type"] == "WanEnhancedMemoryProbe"]
+    assert probes and all(p["inputs"]["write_report"] is False for p in probes)

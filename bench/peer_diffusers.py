@@ -1,0 +1,529 @@
+"""Our DiT forward and VAE decode against diffusers' on the same shapes and the same weights.
+
+One process, one GPU. For every case one set of seeded random bf16 weights is drawn on the device
+and handed to our module and, under diffusers' names, to diffusers' module (WanTransformer3DModel,
+AutoencoderKLWan): only one of the two models exists at a time, both use the very same tensors.
+Each run is warmed up once and then timed `--repeats` times with CUDA events (median reported);
+peak memory is max_memory_allocated / max_memory_reserved during the timed runs minus the memory
+allocated before them (weights and inputs, reported separately). Outputs are compared on the CPU
+in float32: max |ours - diffusers| and that divided by max |diffusers| (the relative measure of
+the conformance checks).
+
+    python bench/peer_diffusers.py --out results/peer [--case dit_5b ...] [--repeats 3] [--quick]
+
+Cases (batch 1, bf16 weights):
+  dit_5b        Wan2.2 TI2V-5B at 1280x704x121, latent [1,48,31,44,80]
+  dit_1_3b      Wan2.1 T2V-1.3B at 832x480x81, latent [1,16,21,60,104]
+  dit_14b       Wan2.1 T2V-14B at 1280x720x81, latent [1,16,21,90,160]
+  vae21_decode  Wan2.1 VAE decode at 1280x720x81, latent [1,16,21,90,160]
+  vae22_decode  Wan2.2 VAE decode at 1280x704x121, latent [1,48,31,44,80]
+
+DiT inputs: the same bf16 noise, 512 rows of bf16 text context (both models attend to all 512;
+ours would zero-pad a shorter context), t = 500. The TI2V-5B timestep is given as diffusers'
+pipeline gives it (expand_timesteps): one value per patch token, [1, F*H/2*W/2]; ours takes the
+same tensor and reduces it to one value per latent frame. Ours runs with attention "sdpa" and
+"sdpa_cudnn", diffusers with its default attention processor.
+
+VAE: ours through decode_to_images (IMAGE frames in 0..1, streamed to a CPU buffer) untiled and
+tiled (272x272 px tiles, stride 144x128); diffusers' decode untiled and with enable_tiling()
+(256 px tiles, stride 192), its output left on the GPU as its pipeline has it. Diffusers clamps
+the decoded video to [-1, 1]; it is mapped to 0..1 as (x + 1) / 2 for the comparison. Every row
+is compared with diffusers' untiled decode.
+
+--quick shrinks the models (width 256, 2 heads, 2 layers; VAE widths 8/12) and the latents, for
+a smoke test on the CPU (there everything runs in float32, times are wall-clock and no memory is
+measured). Rows are saved after every case into OUT/peer_diffusers.json and .md; a later run
+into the same folder replaces the rows of the cases it runs and keeps the others, so the cases
+can be split over several calls (each command is recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from wan_enhanced.atomic_files import write_atomically
+from wan_enhanced.checkpoints.tiny import (TINY_VAE, _diffusers_config_json,
+                                           dit_ours_to_diffusers, vae_ours_to_diffusers)
+from wan_enhanced.vae_tiling.decode import decode_to_images
+from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig
+from wan_enhanced.wan.dit import WanDiT, keeps_float32
+from wan_enhanced.wan.latent_format import WAN21_LATENT, WAN22_LATENT
+from wan_enhanced.wan.vae21 import WanVAE21
+from wan_enhanced.wan.vae22 import WanVAE22
+
+GIB = 2 ** 30
+TIMESTEP = 500.0
+
+
+# -- cases -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DiTCase:
+    model: str  # a KNOWN_DITS name
+    video: str  # W x H x frames
+    latent: tuple[int, int, int, int, int]
+    per_token_timestep: bool  # Wan2.2 TI2V: diffusers takes one timestep per token
+
+
+@dataclass(frozen=True)
+class VAECase:
+    kind: str  # vae21 / vae22
+    video: str
+    latent: tuple[int, int, int, int, int]
+
+
+CASES: dict[str, DiTCase | VAECase] = {
+    "dit_5b": DiTCase("wan2.2-ti2v-5b", "1280x704x121", (1, 48, 31, 44, 80), True),
+    "dit_1_3b": DiTCase("wan2.1-t2v-1.3b", "832x480x81", (1, 16, 21, 60, 104), False),
+    "dit_14b": DiTCase("wan2.1-t2v-14b", "1280x720x81", (1, 16, 21, 90, 160), False),
+    "vae21_decode": VAECase("vae21", "1280x720x81", (1, 16, 21, 90, 160)),
+    "vae22_decode": VAECase("vae22", "1280x704x121", (1, 48, 31, 44, 80)),
+}
+
+# --quick: tiny models and latents (tiled decodes still get several tiles on both sides)
+QUICK_DIT = dict(dim=256, ffn_dim=512, num_heads=2, num_layers=2)
+QUICK_LATENT = {"dit_5b": (1, 48, 3, 8, 12), "dit_1_3b": (1, 16, 3, 8, 12),
+                "dit_14b": (1, 16, 3, 8, 12), "vae21_decode": (1, 16, 2, 36, 20),
+                "vae22_decode": (1, 48, 2, 18, 10)}
+
+
+def dit_config(case: DiTCase, quick: bool) -> DiTConfig:
+    config = KNOWN_DITS[case.model].config
+    return replace(config, name=f"quick-{config.name}", **QUICK_DIT) if quick else config
+
+
+def vae_config(case: VAECase, quick: bool) -> dict:
+    return dict(TINY_VAE[case.kind]) if quick else {}
+
+
+def run_dtype(device: torch.device) -> torch.dtype:
+    """bf16, what the comparison is about; float32 on the CPU, where bf16 convolutions crawl."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+# -- weights, and the mapping onto diffusers' modules (the one place it lives) -----------------
+
+VAE_CLASSES = {"vae21": WanVAE21, "vae22": WanVAE22}
+
+
+def random_state(module: torch.nn.Module, seed: int, device: torch.device,
+                 dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Seeded random weights for `module` (built on the meta device), drawn and kept on `device`.
+
+    The value rules of checkpoints/tiny.randomize, which returns CPU tensors: at 14B that is a
+    28.6 GB copy to the host and another one back to the device for every model loaded, and as
+    much host memory. Drawn here on the device, one tensor set serves both models of a case.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for name, tensor in module.state_dict().items():
+        shape = tuple(tensor.shape)
+        noise = torch.randn(shape, generator=gen, device=device)
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "gamma" or (leaf == "weight" and len(shape) == 1):
+            noise.mul_(0.1).add_(1.0)  # norm gains
+        elif leaf == "bias":
+            noise.mul_(0.02)
+        elif name.endswith("modulation"):
+            noise.div_(shape[-1] ** 0.5)
+        else:
+            noise.div_(max(1, math.prod(shape[1:])) ** 0.5 if len(shape) > 1 else 1)
+        state[name] = noise.to(dtype)
+        del noise
+    return state
+
+
+def ours_dit(config: DiTConfig, state: dict[str, torch.Tensor],
+             compute_dtype: torch.dtype) -> WanDiT:
+    """Our DiT on the tensors of `state`; norms and modulation in float32, as our loader does."""
+    with torch.device("meta"):
+        model = WanDiT(config, compute_dtype)
+    model.load_state_dict({k: v.float() if keeps_float32(k) else v for k, v in state.items()},
+                          strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def diffusers_dit_kwargs(config: DiTConfig) -> dict:
+    kwargs = _diffusers_config_json(config)
+    del kwargs["_class_name"]
+    return kwargs
+
+
+def diffusers_dit(config: DiTConfig, state: dict[str, torch.Tensor]):
+    """diffusers' WanTransformer3DModel on the tensors of `state` (our key names mapped to
+    theirs). The modules diffusers keeps in float32 when it loads a checkpoint in another dtype
+    (its _keep_in_fp32_modules: time embedder, norms, modulation tables) get float32 copies."""
+    from diffusers import WanTransformer3DModel
+
+    with torch.device("meta"):
+        model = WanTransformer3DModel(**diffusers_dit_kwargs(config))
+    # The RoPE tables are buffers outside the state dict: build them for real on the device.
+    rope = model.rope
+    device = next(iter(state.values())).device
+    model.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len).to(device)
+    keep = model._keep_in_fp32_modules or []
+    mapped = {}
+    for key, value in state.items():
+        name = dit_ours_to_diffusers(key)
+        mapped[name] = value.float() if any(m in name.split(".") for m in keep) else value
+    model.load_state_dict(mapped, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def vae_arguments(kind: str, config: dict) -> dict:
+    """Our VAE constructor's arguments: its defaults (the released model) updated by `config`."""
+    signature = inspect.signature(VAE_CLASSES[kind].__init__)
+    defaults = {name: p.default for name, p in signature.parameters.items() if name != "self"}
+    return {**defaults, **config}
+
+
+def ours_vae(kind: str, config: dict, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    with torch.device("meta"):
+        model = VAE_CLASSES[kind](**config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def diffusers_vae_kwargs(kind: str, config: dict) -> dict:
+    """AutoencoderKLWan's config for our VAE of `kind` built with `config`."""
+    a = vae_arguments(kind, config)
+    kwargs = dict(base_dim=a["dim"], z_dim=a["z_dim"], dim_mult=list(a["dim_mult"]),
+                  num_res_blocks=a["num_res_blocks"], attn_scales=list(a["attn_scales"]),
+                  temperal_downsample=list(a["temperal_downsample"]), dropout=a["dropout"])
+    latent = WAN21_LATENT if kind == "vae21" else WAN22_LATENT
+    if latent.channels == a["z_dim"]:
+        kwargs.update(latents_mean=list(latent.mean), latents_std=list(latent.std))
+    if kind == "vae22":
+        patch = a["patch_size"]
+        kwargs.update(decoder_base_dim=a["dec_dim"], is_residual=True, patch_size=patch,
+                      in_channels=3 * patch ** 2, out_channels=3 * patch ** 2,
+                      scale_factor_spatial=patch * 2 ** (len(a["dim_mult"]) - 1))
+    return kwargs
+
+
+def diffusers_vae(kind: str, config: dict, state: dict[str, torch.Tensor]):
+    """diffusers' AutoencoderKLWan on the tensors of `state` (our key names mapped to theirs)."""
+    from diffusers import AutoencoderKLWan
+
+    with torch.device("meta"):
+        model = AutoencoderKLWan(**diffusers_vae_kwargs(kind, config))
+    names = vae_ours_to_diffusers(list(state), nested=kind == "vae22")
+    model.load_state_dict({names[k]: v for k, v in state.items()}, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def images_from_video(video: torch.Tensor) -> torch.Tensor:
+    """diffusers' decoded video [B, 3, F, H, W] in [-1, 1] -> our IMAGE layout [B*F, H, W, 3]
+    in 0..1, float32 on the CPU."""
+    images = video.float().cpu().add_(1.0).mul_(0.5).permute(0, 2, 3, 4, 1)
+    return images.reshape(-1, *images.shape[2:])
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """One model's timed runs: times in ms, peaks and the memory before them in bytes."""
+    times_ms: list[float]
+    peak_allocated: int | None
+    peak_reserved: int | None
+    allocated_before: int | None
+    error: str | None = None
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.times_ms) if self.times_ms else None
+
+    def to_dict(self) -> dict:
+        return {"median_ms": self.median_ms, "times_ms": self.times_ms,
+                "peak_allocated_bytes": self.peak_allocated,
+                "peak_reserved_bytes": self.peak_reserved,
+                "allocated_before_bytes": self.allocated_before, "error": self.error}
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def timed(fn: Callable[[], torch.Tensor], repeats: int, device: torch.device,
+          to_cpu: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor | None, Run]:
+    """Warm up once, then time `repeats` calls. Returns the last output moved to the CPU by
+    `to_cpu` (outside the timing) and the measurements; an out-of-memory error is recorded."""
+    cuda = device.type == "cuda"
+    out = None
+    try:
+        with torch.inference_mode():
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            gc.collect()
+            before = torch.cuda.memory_allocated() if cuda else None
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            times = []
+            for _ in range(repeats):
+                out = None  # the previous output is not part of the next call's peak
+                if cuda:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                        enable_timing=True)
+                    start.record()
+                    out = fn()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end))
+                else:
+                    t0 = time.perf_counter()
+                    out = fn()
+                    times.append((time.perf_counter() - t0) * 1000)
+            run = Run(times, torch.cuda.max_memory_allocated() - before if cuda else None,
+                      torch.cuda.max_memory_reserved() - before if cuda else None, before)
+            return to_cpu(out), run
+    except torch.OutOfMemoryError as error:
+        out = None
+        return None, Run([], None, None, None, error=f"out of memory: {str(error)[:200]}")
+    finally:
+        out = None
+        free_memory()
+
+
+def device_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (what it holds on the device)."""
+    tensors = {t.data_ptr(): t.nbytes for t in [*model.parameters(), *model.buffers()]}
+    return sum(tensors.values())
+
+
+def difference(ours: torch.Tensor | None, theirs: torch.Tensor | None) -> tuple[float, float]:
+    """(max |ours - theirs|, that / max |theirs|), in float64 on the CPU."""
+    if ours is None or theirs is None:
+        return math.nan, math.nan
+    diff = float((ours.double() - theirs.double()).abs().max())
+    scale = float(theirs.double().abs().max())
+    return diff, diff / scale if scale > 0 else math.inf
+
+
+# -- the case families -------------------------------------------------------------------------
+
+def run_dit(name: str, case: DiTCase, args, device: torch.device) -> list[dict]:
+    config = dit_config(case, args.quick)
+    latent = QUICK_LATENT[name] if args.quick else case.latent
+    dtype = run_dtype(device)
+    with torch.device("meta"):
+        skeleton = WanDiT(config)
+    state = random_state(skeleton, args.seed, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+    noise = torch.randn(latent, generator=gen, device=device).to(dtype)
+    context = torch.randn(1, config.text_len, config.text_dim, generator=gen,
+                          device=device).to(dtype)
+    b, _, f, h, w = latent
+    pt, ph, pw = config.patch_size
+    tokens = (f // pt) * (h // ph) * (w // pw)
+    # diffusers' TI2V pipeline (expand_timesteps) passes one timestep per patch token
+    timestep = (torch.full((b, tokens), TIMESTEP, device=device) if case.per_token_timestep
+                else torch.full((b,), TIMESTEP, device=device))
+
+    outputs, runs = {}, {}
+    model = ours_dit(config, state, dtype)
+    weights = {"ours": device_bytes(model)}
+    for backend in ("sdpa", "sdpa_cudnn"):
+        outputs[backend], runs[backend] = timed(
+            lambda: model(noise, timestep, context, attention=backend), args.repeats, device,
+            lambda out: out.float().cpu())
+        print(f"  ours {backend}: {runs[backend].median_ms} ms", flush=True)
+    del model
+    free_memory()
+    model = diffusers_dit(config, state)
+    weights["diffusers"] = device_bytes(model)
+    theirs, their_run = timed(
+        lambda: model(hidden_states=noise, timestep=timestep, encoder_hidden_states=context,
+                      return_dict=False)[0], args.repeats, device, lambda out: out.float().cpu())
+    print(f"  diffusers: {their_run.median_ms} ms", flush=True)
+    del model, state
+    free_memory()
+
+    rows = []
+    for backend in ("sdpa", "sdpa_cudnn"):
+        rows.append(result_row(name, case.video, latent, f"ours {backend}", "diffusers",
+                               runs[backend], their_run, weights,
+                               difference(outputs[backend], theirs)))
+    return rows
+
+
+def run_vae(name: str, case: VAECase, args, device: torch.device) -> list[dict]:
+    config = vae_arguments(case.kind, vae_config(case, args.quick))
+    latent_shape = QUICK_LATENT[name] if args.quick else case.latent
+    dtype = run_dtype(device)
+    with torch.device("meta"):
+        skeleton = VAE_CLASSES[case.kind](**config)
+    state = random_state(skeleton, args.seed, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+    latent = torch.randn(latent_shape, generator=gen, device=device).to(dtype)
+
+    outputs, runs = {}, {}
+    model = ours_vae(case.kind, config, state)
+    weights = {"ours": device_bytes(model)}
+    for mode in ("untiled", "tiled"):
+        outputs[mode], runs[mode] = timed(
+            lambda: decode_to_images(model, latent, tiled=mode == "tiled", dtype=dtype),
+            args.repeats, device, lambda out: out)
+        print(f"  ours {mode}: {runs[mode].median_ms} ms", flush=True)
+    del model
+    free_memory()
+    model = diffusers_vae(case.kind, config, state)
+    weights["diffusers"] = device_bytes(model)
+    theirs, their_runs = {}, {}
+    for mode in ("untiled", "tiled"):
+        if mode == "tiled":
+            model.enable_tiling()
+        theirs[mode], their_runs[mode] = timed(
+            lambda: model.decode(latent, return_dict=False)[0], args.repeats, device,
+            images_from_video)
+        print(f"  diffusers {mode}: {their_runs[mode].median_ms} ms", flush=True)
+    del model, state
+    free_memory()
+
+    rows = []
+    for mode in ("untiled", "tiled"):
+        row = result_row(name, case.video, latent_shape, f"ours {mode}", f"diffusers {mode}",
+                         runs[mode], their_runs[mode], weights,
+                         difference(outputs[mode], theirs["untiled"]))
+        if mode == "tiled":  # diffusers' own tiling error, for scale
+            row["diffusers_tiled_vs_untiled_max_abs"] = difference(theirs["tiled"],
+                                                                   theirs["untiled"])[0]
+        rows.append(row)
+    return rows
+
+
+# -- results -----------------------------------------------------------------------------------
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def result_row(case: str, video: str, latent, ours_label: str, theirs_label: str, ours: Run,
+               theirs: Run, weights: dict, diff: tuple[float, float]) -> dict:
+    return {"case": case, "video": video, "latent": list(latent), "ours": ours_label,
+            "diffusers": theirs_label, "ours_run": ours.to_dict(), "diffusers_run": theirs.to_dict(),
+            "time_ratio": _ratio(ours.median_ms, theirs.median_ms),
+            "peak_ratio": _ratio(ours.peak_allocated, theirs.peak_allocated),
+            "weights_bytes": weights, "max_abs_diff": diff[0], "max_rel_diff": diff[1],
+            "repeats": len(ours.times_ms)}
+
+
+def _fmt(value, spec: str, scale: float = 1.0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value / scale, spec)
+
+
+def markdown(data: dict) -> str:
+    commands = "\n".join(f"    {c}" for c in data["commands"])
+    lines = [f"# Peer benchmark: ours against diffusers {data['diffusers']}", "",
+             f"device: {data['device']}; torch {data['torch']}; date {data['date']}; "
+             f"{data['dtype']} weights and activations; median of each row's repeats", "",
+             "Commands:", "", commands, "",
+             "Peaks are the memory allocated during the timed runs above what was allocated before "
+             "them (weights and inputs); weights are listed separately. Differences compare "
+             "outputs on the CPU in float32, relative to max |diffusers|; VAE rows are compared "
+             "with diffusers' untiled decode.", "",
+             "| case | shape | ours | repeats | ours ms | diffusers ms | ratio | our peak GiB "
+             "| their peak GiB | ratio | max abs diff | max rel diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        o, t = r["ours_run"], r["diffusers_run"]
+        shape = f"{r['video']} {'x'.join(map(str, r['latent'][1:]))}"
+        ours_ms = o["error"] or _fmt(o["median_ms"], ".0f")
+        their_ms = t["error"] or _fmt(t["median_ms"], ".0f")
+        lines.append(
+            f"| {r['case']} | {shape} | {r['ours']} | {r['repeats']} | {ours_ms} | {their_ms} | "
+            f"{_fmt(r['time_ratio'], '.2f')} | {_fmt(o['peak_allocated_bytes'], '.2f', GIB)} | "
+            f"{_fmt(t['peak_allocated_bytes'], '.2f', GIB)} | {_fmt(r['peak_ratio'], '.2f')} | "
+            f"{_fmt(r['max_abs_diff'], '.3e')} | {_fmt(r['max_rel_diff'], '.3e')} |")
+    lines += ["", "| case | ours weights GiB | diffusers weights GiB | ours peak reserved GiB "
+              "| their peak reserved GiB |", "|---|---|---|---|---|"]
+    for r in data["rows"]:
+        lines.append(f"| {r['case']} ({r['ours']}) | "
+                     f"{_fmt(r['weights_bytes']['ours'], '.2f', GIB)} | "
+                     f"{_fmt(r['weights_bytes']['diffusers'], '.2f', GIB)} | "
+                     f"{_fmt(r['ours_run']['peak_reserved_bytes'], '.2f', GIB)} | "
+                     f"{_fmt(r['diffusers_run']['peak_reserved_bytes'], '.2f', GIB)} |")
+    return "\n".join(lines) + "\n"
+
+
+def load_earlier(path: Path, data: dict) -> dict:
+    """The rows and commands of an earlier run into the same folder, when it measured on the same
+    device, software and settings (otherwise they are not comparable and are not kept)."""
+    empty = {"commands": [], "rows": []}
+    if not path.exists():
+        return empty
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"{path}: not a readable peer benchmark result ({error}); move it away")
+    same = ("diffusers", "torch", "device", "dtype", "quick")
+    if any(earlier.get(k) != data[k] for k in same):
+        print(f"{path}: measured on another setup; its rows are replaced", flush=True)
+        return empty
+    return {"commands": earlier.get("commands", []), "rows": earlier.get("rows", [])}
+
+
+def save(data: dict, out: Path) -> str:
+    write_atomically(out / "peer_diffusers.json", json.dumps(data, indent=1).encode())
+    text = markdown(data)
+    write_atomically(out / "peer_diffusers.md", text.encode())
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="folder for peer_diffusers.json / .md")
+    parser.add_argument("--case", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny models and latents: a smoke test that runs on the CPU")
+    args = parser.parse_args(argv)
+    import diffusers
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = {"diffusers": diffusers.__version__, "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if device.type == "cuda"
+            else platform.processor() or "cpu",
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "dtype": str(run_dtype(device)).removeprefix("torch."), "quick": args.quick,
+            "commands": [], "rows": []}
+    earlier = load_earlier(out / "peer_diffusers.json", data)
+    data["commands"] = earlier["commands"] + ["python " + " ".join(sys.argv)]
+    data["rows"] = [r for r in earlier["rows"] if r["case"] not in args.case]
+    text = ""
+    for name in args.case:
+        case = CASES[name]
+        print(f"{name}:", flush=True)
+        t0 = time.perf_counter()
+        family = run_dit if isinstance(case, DiTCase) else run_vae
+        data["rows"] += family(name, case, args, device)
+        print(f"  {name} done in {time.perf_counter() - t0:.0f} s", flush=True)
+        text = save(data, out)  # after every case, so a cut-off run keeps what it measured
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

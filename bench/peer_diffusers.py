@@ -294,9 +294,11 @@ def timed(fn: Callable[[], torch.Tensor], repeats: int, device: torch.device,
             run = Run(times, torch.cuda.max_memory_allocated() - before if cuda else None,
                       torch.cuda.max_memory_reserved() - before if cuda else None, before)
             return to_cpu(out), run
-    except torch.OutOfMemoryError as error:
+    except RuntimeError as error:  # out of memory, or a backend refusing the shapes: recorded
         out = None
-        return None, Run([], None, None, None, error=f"out of memory: {str(error)[:200]}")
+        kind = "out of memory" if isinstance(error, torch.OutOfMemoryError) else "error"
+        print(f"  {kind}: {str(error)[:300]}", flush=True)
+        return None, Run([], None, None, None, error=f"{kind}: {str(error)[:200]}")
     finally:
         out = None
         free_memory()

@@ -21,12 +21,16 @@ Cases (batch 1, bf16 weights):
 DiT inputs: the same bf16 noise, 512 rows of bf16 text context (both models attend to all 512;
 ours would zero-pad a shorter context), t = 500. The TI2V-5B timestep is given as diffusers'
 pipeline gives it (expand_timesteps): one value per patch token, [1, F*H/2*W/2]; ours takes the
-same tensor and reduces it to one value per latent frame. Ours runs with attention "sdpa" and
-"sdpa_cudnn", diffusers with its default attention processor.
+same tensor and reduces it to one value per latent frame. Ours runs with attention "sdpa" (on
+torch 2.11 and an H100 it picks cuDNN's attention kernel, as diffusers' default processor does),
+eager and with its blocks compiled (the model loader's `compile`); diffusers eager and after its
+compile_repeated_blocks(). Rows: eager/eager, our compiled/their eager, compiled/compiled; every
+output is compared with diffusers' eager output.
 
-VAE: ours through decode_to_images (IMAGE frames in 0..1, streamed to a CPU buffer) untiled and
-tiled (272x272 px tiles, stride 144x128); diffusers' decode untiled and with enable_tiling()
-(256 px tiles, stride 192), its output left on the GPU as its pipeline has it. Diffusers clamps
+VAE: ours through decode_to_images (IMAGE frames in 0..1, streamed to a CPU buffer) untiled,
+tiled with its defaults (272x272 px tiles, stride 144x128) and tiled with diffusers' geometry
+(256 px tiles, stride 192); diffusers' decode untiled and with enable_tiling() (256 px tiles,
+stride 192), its output left on the GPU as its pipeline has it. Diffusers clamps
 the decoded video to [-1, 1]; it is mapped to 0..1 as (x + 1) / 2 for the comparison. Every row
 is compared with diffusers' untiled decode.
 
@@ -342,28 +346,40 @@ def run_dit(name: str, case: DiTCase, args, device: torch.device) -> list[dict]:
     outputs, runs = {}, {}
     model = ours_dit(config, state, dtype)
     weights = {"ours": device_bytes(model)}
-    for backend in ("sdpa", "sdpa_cudnn"):
-        outputs[backend], runs[backend] = timed(
-            lambda: model(noise, timestep, context, attention=backend), args.repeats, device,
-            lambda out: out.float().cpu())
-        print(f"  ours {backend}: {runs[backend].median_ms} ms", flush=True)
+    for mode in ("eager", "compiled"):
+        outputs[mode], runs[mode] = timed(
+            lambda: model(noise, timestep, context, attention="sdpa",
+                          compiled=mode == "compiled"),
+            args.repeats, device, lambda out: out.float().cpu())
+        print(f"  ours {mode}: {runs[mode].median_ms} ms", flush=True)
     del model
     free_memory()
     model = diffusers_dit(config, state)
     weights["diffusers"] = device_bytes(model)
-    theirs, their_run = timed(
-        lambda: model(hidden_states=noise, timestep=timestep, encoder_hidden_states=context,
-                      return_dict=False)[0], args.repeats, device, lambda out: out.float().cpu())
-    print(f"  diffusers: {their_run.median_ms} ms", flush=True)
+    theirs, their_runs = {}, {}
+    for mode in ("eager", "compiled"):
+        if mode == "compiled":  # diffusers' own regional compilation of its transformer blocks
+            model.compile_repeated_blocks(dynamic=False)
+        theirs[mode], their_runs[mode] = timed(
+            lambda: model(hidden_states=noise, timestep=timestep, encoder_hidden_states=context,
+                          return_dict=False)[0], args.repeats, device,
+            lambda out: out.float().cpu())
+        print(f"  diffusers {mode}: {their_runs[mode].median_ms} ms", flush=True)
     del model, state
     free_memory()
 
-    rows = []
-    for backend in ("sdpa", "sdpa_cudnn"):
-        rows.append(result_row(name, case.video, latent, f"ours {backend}", "diffusers",
-                               runs[backend], their_run, weights,
-                               difference(outputs[backend], theirs)))
-    return rows
+    # compiled ours against diffusers as it runs by default, too: what switching packs gives
+    pairs = [("eager", "eager"), ("compiled", "eager"), ("compiled", "compiled")]
+    return [result_row(name, case.video, latent, f"ours {o}", f"diffusers {t}", runs[o],
+                       their_runs[t], weights, difference(outputs[o], theirs["eager"]))
+            for o, t in pairs]
+
+
+# our decoder untiled, tiled with its defaults (272 px tiles, stride 144x128: every pixel is
+# decoded about four times, for seam-free blending at the least memory), and tiled with
+# diffusers' geometry (256 px tiles, stride 192), so the tiled rows also compare like with like
+OUR_VAE_MODES = {"untiled": dict(tiled=False), "tiled": dict(tiled=True),
+                 "tiled 256/192": dict(tiled=True, tile=(256, 256), stride=(192, 192))}
 
 
 def run_vae(name: str, case: VAECase, args, device: torch.device) -> list[dict]:
@@ -379,9 +395,9 @@ def run_vae(name: str, case: VAECase, args, device: torch.device) -> list[dict]:
     outputs, runs = {}, {}
     model = ours_vae(case.kind, config, state)
     weights = {"ours": device_bytes(model)}
-    for mode in ("untiled", "tiled"):
+    for mode, tiling in OUR_VAE_MODES.items():
         outputs[mode], runs[mode] = timed(
-            lambda: decode_to_images(model, latent, tiled=mode == "tiled", dtype=dtype),
+            lambda: decode_to_images(model, latent, dtype=dtype, **tiling),
             args.repeats, device, lambda out: out)
         print(f"  ours {mode}: {runs[mode].median_ms} ms", flush=True)
     del model
@@ -400,11 +416,12 @@ def run_vae(name: str, case: VAECase, args, device: torch.device) -> list[dict]:
     free_memory()
 
     rows = []
-    for mode in ("untiled", "tiled"):
-        row = result_row(name, case.video, latent_shape, f"ours {mode}", f"diffusers {mode}",
-                         runs[mode], their_runs[mode], weights,
+    for mode in OUR_VAE_MODES:
+        their_mode = "untiled" if mode == "untiled" else "tiled"
+        row = result_row(name, case.video, latent_shape, f"ours {mode}", f"diffusers {their_mode}",
+                         runs[mode], their_runs[their_mode], weights,
                          difference(outputs[mode], theirs["untiled"]))
-        if mode == "tiled":  # diffusers' own tiling error, for scale
+        if their_mode == "tiled":  # diffusers' own tiling error, for scale
             row["diffusers_tiled_vs_untiled_max_abs"] = difference(theirs["tiled"],
                                                                    theirs["untiled"])[0]
         rows.append(row)

@@ -21,6 +21,7 @@ class WanModelHandle:
     model: torch.nn.Module  # WanDiT
     info: CheckpointInfo
     attention: str = "sdpa"
+    compile: bool = False  # run the transformer blocks through torch.compile
 
     @property
     def name(self) -> str:

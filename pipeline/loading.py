@@ -29,12 +29,12 @@ def _resident(module: torch.nn.Module, keep_on_gpu: bool) -> torch.nn.Module:
 
 
 def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "sdpa",
-               keep_on_gpu: bool = False) -> WanModelHandle:
+               keep_on_gpu: bool = False, compile: bool = False) -> WanModelHandle:
     if attention not in available_backends():
         raise CheckpointError(f"attention: {attention!r} is not available here; available: "
                               f"{available_backends()}")
     model, info = load_dit(path, _dtype(weight_dtype, "weight_dtype"))
-    return WanModelHandle(_resident(model, keep_on_gpu), info, attention)
+    return WanModelHandle(_resident(model, keep_on_gpu), info, attention, compile)
 
 
 def load_vae_handle(path: Path, dtype: str = "bf16", keep_on_gpu: bool = False) -> WanVAEHandle:

@@ -81,7 +81,7 @@ def schedule_for(settings: SamplerSettings):
 
 def _dit_fn(handle: WanModelHandle):
     def forward(x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        return handle.model(x, t, context, attention=handle.attention)
+        return handle.model(x, t, context, attention=handle.attention, compiled=handle.compile)
     return forward
 
 

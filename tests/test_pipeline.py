@@ -2,6 +2,7 @@
 outputs, bad inputs with clear messages, interrupts, and memory that returns to its baseline."""
 
 import gc
+import shutil
 
 import pytest
 import torch
@@ -208,3 +209,22 @@ def test_text_encoder_without_tokenizer(headless, tmp_path):
     with pytest.raises(NodeInputError, match=r"Wan Text Encoder Loader: .*umt5\.safetensors: no "
                                              r"tokenizer found.*google/umt5-xxl/, tokenizer\.json"):
         node("TextEncoderLoader").load(str(bare), "fp32", "cpu")
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")),
+                    reason="torch.compile on the CPU needs a C++ compiler")
+def test_compiled_blocks_sample_what_eager_blocks_do(headless):
+    """The loader's compile option: the sampler runs the blocks through torch.compile and gets
+    the eager result up to float32 rounding."""
+    dit = NAMES["t2v"][0]
+    (eager,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (compiled,) = node("ModelLoader").load(dit, "fp32", "sdpa", compile=True)
+    assert compiled.compile and not eager.compile
+    pos, neg = node("TextEncode").encode(
+        node("TextEncoderLoader").load(TE, "fp32", "cpu")[0], "a red fox", "")
+    (latent,) = node("EmptyLatent").make(eager, 32, 32, 5, 1)
+    outs = [node("Sampler").run(m, pos, neg, latent, 3, 2, 4.0, 5.0, "euler", 1.0)[0]["samples"]
+            for m in (eager, compiled)]
+    scale = float(outs[0].abs().max())
+    assert scale > 0
+    assert float((outs[1] - outs[0]).abs().max()) < 1e-5 * scale

@@ -503,7 +503,7 @@ def test_progress_listener_is_forwarded_and_removed():
 
 
 def test_interrupt_during_a_node_stops_the_run():
-    workflow = {"1": node("MakeTensor", size=2), "2": node("Slow", tensor=["1", 0], steps=500),
+    workflow = {"1": node("MakeTensor", size=2), "2": node("Slow", tensor=["1", 0], steps=2000),
                 "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
     Slow.STARTED.clear()
     timer = threading.Thread(target=lambda: (Slow.STARTED.wait(5), host.request_interrupt()))
@@ -758,7 +758,7 @@ def test_sweep_with_an_invalid_value_runs_nothing(tmp_path, registry_installed, 
 def test_ctrl_c_stops_the_run_and_records_it(tmp_path, registry_installed, capsys):
     import os
     import signal
-    workflow = {"1": node("MakeTensor", size=2), "2": node("Slow", tensor=["1", 0], steps=500),
+    workflow = {"1": node("MakeTensor", size=2), "2": node("Slow", tensor=["1", 0], steps=2000),
                 "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
     path = write(tmp_path / "wf.json", workflow)
     results = tmp_path / "r.jsonl"

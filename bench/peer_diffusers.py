@@ -365,14 +365,38 @@ def run_dit(name: str, case: DiTCase, args, device: torch.device) -> list[dict]:
                           return_dict=False)[0], args.repeats, device,
             lambda out: out.float().cpu())
         print(f"  diffusers {mode}: {their_runs[mode].median_ms} ms", flush=True)
-    del model, state
+    del model
+    free_memory()
+    reference = float32_reference(config, state, noise, timestep, context) if (
+        args.reference) else None
+    del state
     free_memory()
 
     # compiled ours against diffusers as it runs by default, too: what switching packs gives
     pairs = [("eager", "eager"), ("compiled", "eager"), ("compiled", "compiled")]
-    return [result_row(name, case.video, latent, f"ours {o}", f"diffusers {t}", runs[o],
-                       their_runs[t], weights, difference(outputs[o], theirs["eager"]))
-            for o, t in pairs]
+    rows = []
+    for o, t in pairs:
+        row = result_row(name, case.video, latent, f"ours {o}", f"diffusers {t}", runs[o],
+                         their_runs[t], weights, difference(outputs[o], theirs["eager"]))
+        if reference is not None:
+            row["ours_vs_float32_rel"] = difference(outputs[o], reference)[1]
+            row["diffusers_vs_float32_rel"] = difference(theirs[t], reference)[1]
+        rows.append(row)
+    return rows
+
+
+def float32_reference(config: DiTConfig, state: dict[str, torch.Tensor], noise, timestep,
+                      context) -> torch.Tensor:
+    """The same network on the same (bf16-valued) weights and inputs computed in float32 end to
+    end: what the bf16 runs approximate. Our float32 DiT equals diffusers' to float32 rounding
+    (tests/test_peer_mapping.py), so it is a common reference for both."""
+    print("  float32 reference ...", flush=True)
+    model = ours_dit(config, {k: v.float() for k, v in state.items()}, torch.float32)
+    with torch.inference_mode():
+        out = model(noise.float(), timestep, context.float()).float().cpu()
+    del model
+    free_memory()
+    return out
 
 
 # our decoder untiled, tiled with its defaults (272 px tiles, stride 144x128: every pixel is
@@ -474,6 +498,16 @@ def markdown(data: dict) -> str:
             f"{_fmt(r['time_ratio'], '.2f')} | {_fmt(o['peak_allocated_bytes'], '.2f', GIB)} | "
             f"{_fmt(t['peak_allocated_bytes'], '.2f', GIB)} | {_fmt(r['peak_ratio'], '.2f')} | "
             f"{_fmt(r['max_abs_diff'], '.3e')} | {_fmt(r['max_rel_diff'], '.3e')} |")
+    with_reference = [r for r in data["rows"] if "ours_vs_float32_rel" in r]
+    if with_reference:
+        lines += ["", "Distance of each bf16 output from the float32 computation of the same "
+                  "network on the same weights and inputs (max |x - ref| / max |ref|):", "",
+                  "| case | ours | diffusers | ours vs float32 | diffusers vs float32 |",
+                  "|---|---|---|---|---|"]
+        for r in with_reference:
+            lines.append(f"| {r['case']} | {r['ours']} | {r['diffusers']} | "
+                         f"{_fmt(r['ours_vs_float32_rel'], '.3e')} | "
+                         f"{_fmt(r['diffusers_vs_float32_rel'], '.3e')} |")
     lines += ["", "| case | ours weights GiB | diffusers weights GiB | ours peak reserved GiB "
               "| their peak reserved GiB |", "|---|---|---|---|---|"]
     for r in data["rows"]:
@@ -515,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reference", action="store_true",
+                        help="DiT cases: also compare both bf16 outputs with a float32 run")
     parser.add_argument("--quick", action="store_true",
                         help="tiny models and latents: a smoke test that runs on the CPU")
     args = parser.parse_args(argv)

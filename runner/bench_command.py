@@ -164,8 +164,14 @@ COLUMNS = ("case", "resolution", "frames", "steps", "offload", "total_seconds",
            "compute_load_gpu_s", "status")
 
 
+def _cell(value) -> str:
+    """Floats to one decimal beyond what the column needs: the table is read, the JSON keeps
+    every digit."""
+    return f"{value:.1f}" if isinstance(value, float) and abs(value) >= 10 else str(value)
+
+
 def format_row(row: dict) -> str:
-    return " | ".join(str(row.get(c)) for c in COLUMNS)
+    return " | ".join(_cell(row.get(c)) for c in COLUMNS)
 
 
 def results_markdown(rows: list[dict]) -> str:
@@ -173,7 +179,7 @@ def results_markdown(rows: list[dict]) -> str:
               "peak alloc GiB | peak reserved GiB | mean SM % | compute load GPU·s | status |")
     lines = [header, "|" + "---|" * len(COLUMNS)]
     for row in rows:
-        cells = [str(row.get(c)) for c in COLUMNS]
+        cells = [_cell(row.get(c)) for c in COLUMNS]
         if row["steps"] != row["steps_in_workflow"]:
             cells[3] = f"{row['steps']} of {row['steps_in_workflow']}"
         lines.append("| " + " | ".join(cells) + " |")

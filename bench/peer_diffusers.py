@@ -537,6 +537,8 @@ def load_earlier(path: Path, data: dict) -> dict:
 
 
 def save(data: dict, out: Path) -> str:
+    order = list(CASES)
+    data["rows"].sort(key=lambda r: order.index(r["case"]))  # stable: a case's rows keep theirs
     write_atomically(out / "peer_diffusers.json", json.dumps(data, indent=1).encode())
     text = markdown(data)
     write_atomically(out / "peer_diffusers.md", text.encode())

@@ -177,3 +177,34 @@ def test_known_configs_build_on_meta_with_manifest_shapes():
         ours = {k: list(v.shape) for k, v in model.state_dict().items()}
         theirs = {k: v[0] for k, v in manifests[f"official/{manifest}"].items()}
         assert ours == theirs, name
+
+
+def test_chunked_feed_forward_equals_the_whole(monkeypatch):
+    """The FFN over chunks of token rows (the hidden activation held for one chunk at a time)
+    gives what one pass over all rows gives, also where the last chunk is short."""
+    from wan_enhanced.wan import dit
+    model = _tiny()
+    x, ctx, t = torch.randn(1, 16, 3, 6, 10), torch.randn(1, 5, 4096), torch.tensor([640.0])
+    with torch.no_grad():
+        whole = model(x, t, ctx)
+        h = torch.randn(1, 45, model.config.dim)
+        ffn = model.blocks[0].ffn
+        one_pass = ffn(h)
+        # equal up to float32 rounding: a matrix product of fewer rows may sum in another order
+        assert (dit.feed_forward(ffn, h, chunk=8) - one_pass).abs().max() <= (
+            1e-6 * one_pass.abs().max())
+        monkeypatch.setattr(dit, "FFN_CHUNK_TOKENS", 7)  # 45 tokens: six full chunks and three
+        chunked = model(x, t, ctx)
+    assert (chunked - whole).abs().max() <= 1e-6 * whole.abs().max()
+
+
+def test_forward_leaves_its_inputs_alone():
+    """The blocks update the residual stream in place; the caller's tensors are not touched."""
+    model = _tiny()
+    x, ctx, t = torch.randn(1, 16, 2, 4, 4), torch.randn(1, 5, 4096), torch.tensor([300.0])
+    copies = [x.clone(), ctx.clone(), t.clone()]
+    with torch.no_grad():
+        first = model(x, t, ctx)
+        second = model(x, t, ctx)
+    assert all(torch.equal(a, b) for a, b in zip((x, ctx, t), copies))
+    assert torch.equal(first, second)

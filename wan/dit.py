@@ -66,12 +66,36 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return (grouped * (1 + scale[:, :, None]) + shift[:, :, None]).view(b, length, d)
 
 
-def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """x + y * gate in float32, with gate [B, G, D] shared by groups of tokens."""
+def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x += y * gate, in place, in float32 (y is upcast), with gate [B, G, D] shared by groups
+    of tokens. In place: the float32 residual stream is the largest tensor of a step, and a new
+    one per update would double it."""
     b, length, d = x.shape
     groups = gate.shape[1]
-    update = y.float().view(b, groups, length // groups, d) * gate[:, :, None]
-    return x + update.view(b, length, d)
+    x.view(b, groups, length // groups, d).addcmul_(y.view(b, groups, length // groups, d),
+                                                   gate[:, :, None])
+    return x
+
+
+# Token rows per FFN pass: its hidden activation, ffn_dim wide and held twice (before and after
+# the GELU), then exists for one chunk at a time: at 14B 720p 0.84 GiB instead of 4.2 GiB.
+FFN_CHUNK_TOKENS = 8192
+
+
+def feed_forward(ffn: nn.Sequential, h: torch.Tensor,
+                 chunk: int = FFN_CHUNK_TOKENS) -> torch.Tensor:
+    """The FFN over chunks of token rows (rows are independent, so it is the same function)."""
+    length = h.shape[1]
+    if length <= chunk:
+        return ffn(h)
+    out = None
+    for start in range(0, length, chunk):
+        part = ffn(h[:, start:start + chunk])
+        if out is None:
+            out = part.new_empty(h.shape[0], length, part.shape[-1])
+        out[:, start:start + part.shape[1]] = part
+        del part
+    return out
 
 
 class SelfAttention(nn.Module):
@@ -142,18 +166,20 @@ class WanBlock(nn.Module):
         self.modulation = nn.Parameter(torch.zeros(1, 6, dim))
 
     def forward(self, x, e0, rope, context, image_context, attend, compute_dtype):
-        """x: float32 [B, L, D] residual stream; e0: float32 [B, G, 6, D] time projection."""
+        """x: float32 [B, L, D] residual stream, updated in place and returned; e0: float32
+        [B, G, 6, D] time projection."""
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = (
             self.modulation.float() + e0).unbind(2)
 
-        h = modulate(layer_norm(x, self.eps), shift_sa, scale_sa)
-        x = gated_residual(x, self.self_attn(h.to(compute_dtype), rope, attend), gate_sa)
+        # x is updated in place; each h is cast at once so no float32 copy outlives its use
+        h = modulate(layer_norm(x, self.eps), shift_sa, scale_sa).to(compute_dtype)
+        add_gated_(x, self.self_attn(h, rope, attend), gate_sa)
 
-        h = x if self.norm3 is None else layer_norm(x, self.eps, self.norm3)
-        x = x + self.cross_attn(h.to(compute_dtype), context, image_context, attend).float()
+        h = (x if self.norm3 is None else layer_norm(x, self.eps, self.norm3)).to(compute_dtype)
+        x.add_(self.cross_attn(h, context, image_context, attend))
 
-        h = modulate(layer_norm(x, self.eps), shift_ff, scale_ff)
-        return gated_residual(x, self.ffn(h.to(compute_dtype)), gate_ff)
+        h = modulate(layer_norm(x, self.eps), shift_ff, scale_ff).to(compute_dtype)
+        return add_gated_(x, feed_forward(self.ffn, h), gate_ff)
 
 
 class Head(nn.Module):
@@ -278,7 +304,8 @@ class WanDiT(nn.Module):
         conv = self.patch_embedding
         tokens = F.conv3d(x.float(), conv.weight.float(), conv.bias.float(), stride=conv.stride)
         grid = tuple(tokens.shape[2:])
-        return tokens.flatten(2).transpose(1, 2).float(), grid
+        # contiguous: the blocks update this residual stream in place through views
+        return tokens.flatten(2).transpose(1, 2).contiguous(), grid
 
     def unpatchify(self, out: torch.Tensor, grid) -> torch.Tensor:
         """Token vectors ordered (pt, ph, pw, channel) back to [B, C, F, H, W]."""

@@ -34,6 +34,14 @@ class WanSampler:
             "cfg_low_noise": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 100.0,
                                         "step": 0.1, "tooltip": "A14B: guidance of the "
                                         "low-noise expert; -1 uses cfg"}),
+            "block_swap": ("INT", {"default": 0, "min": 0, "max": 64, "tooltip":
+                                   "transformer blocks kept in pinned CPU memory and streamed "
+                                   "to the GPU while the model runs (a side stream copies the "
+                                   "next block as one computes): less VRAM, more host RAM "
+                                   "traffic; a number above the model's block count swaps all"}),
+            "prefetch_blocks": ("INT", {"default": 1, "min": 1, "max": 8, "tooltip":
+                                        "block swap: blocks copied ahead of the one computing "
+                                        "(each holds one block's weights on the GPU)"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     RETURN_TYPES = ("LATENT",)
@@ -41,10 +49,12 @@ class WanSampler:
     CATEGORY = CATEGORY
 
     def run(self, model, positive, negative, latent, seed, steps, cfg, shift, scheduler,
-            denoise, low_noise_model=None, boundary=0.875, cfg_low_noise=-1.0, unique_id=None):
+            denoise, low_noise_model=None, boundary=0.875, cfg_low_noise=-1.0, block_swap=0,
+            prefetch_blocks=1, unique_id=None):
         settings = SamplerSettings(seed=seed, steps=steps, cfg=cfg, shift=shift,
                                    scheduler=scheduler, denoise=denoise, boundary=boundary,
-                                   cfg_low_noise=None if cfg_low_noise < 0 else cfg_low_noise)
+                                   cfg_low_noise=None if cfg_low_noise < 0 else cfg_low_noise,
+                                   block_swap=block_swap, prefetch_blocks=prefetch_blocks)
         progress = host.Progress(steps, self.DISPLAY)
         memory_event("sampling starts", "sample", unique_id)
 

@@ -8,6 +8,8 @@ the node computes. Before placing, the host is asked to make room (ComfyUI evict
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from .. import host
@@ -34,19 +36,24 @@ class DevicePlacement:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    def place(self, module: torch.nn.Module, exclusive: bool = False) -> torch.nn.Module:
+    def place(self, module: torch.nn.Module, exclusive: bool = False,
+              skip: Sequence[torch.nn.Module] = ()) -> torch.nn.Module:
+        """Put `module` on the device, except the submodules in `skip` (block swap streams
+        those itself)."""
         if module in self._masters:
             return module
         if exclusive:
             self.release()
-        first = next(iter(module.parameters()), None)
+        skipped = {id(t) for m in skip for t in [*m.parameters(), *m.buffers()]}
+        tensors = [t for t in [*module.parameters(), *module.buffers()] if id(t) not in skipped]
+        first = next(iter(tensors), None)
         if self.device.type == "cpu" or (first is not None and first.device == self.device):
             self._masters[module] = []  # already there (kept resident by its loader)
             return module
-        host.make_room(tensor_bytes(module), self.device)
+        host.make_room(sum(t.numel() * t.element_size() for t in tensors), self.device)
         swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._masters[module] = swapped
-        for tensor in list(module.parameters()) + list(module.buffers()):
+        for tensor in tensors:
             swapped.append((tensor, tensor.data))
             tensor.data = tensor.data.to(self.device, non_blocking=True)
         return module

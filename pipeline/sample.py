@@ -19,6 +19,7 @@ from ..sampling.loop import denoise as run_denoise
 from ..sampling.loop import make_noise, noise_latent
 from ..sampling.solvers import SOLVER_NAMES, make_schedule, make_solver
 from .handles import WanModelHandle
+from .dit_placement import DiTPlacement
 from .placement import DevicePlacement
 
 
@@ -34,6 +35,10 @@ class SamplerSettings:
     # Wan2.2 A14B: the low-noise expert's guidance scale (None: same as cfg) and the switch point
     cfg_low_noise: float | None = None
     boundary: float = 0.875
+    # placement: the first `block_swap` DiT blocks stream from CPU memory, `prefetch_blocks`
+    # copied ahead of the one computing
+    block_swap: int = 0
+    prefetch_blocks: int = 1
 
 
 class InputError(ValueError):
@@ -79,9 +84,10 @@ def schedule_for(settings: SamplerSettings):
     return full.tail(total - settings.steps) if total > settings.steps else full
 
 
-def _dit_fn(handle: WanModelHandle):
+def _dit_fn(handle: WanModelHandle, placement: DiTPlacement):
     def forward(x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        return handle.model(x, t, context, attention=handle.attention, compiled=handle.compile)
+        return handle.model(x, t, context, attention=handle.attention, compiled=handle.compile,
+                            blocks=placement.blocks(handle))
     return forward
 
 
@@ -99,6 +105,10 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
         if low_noise_model.config != model.config.renamed(low_noise_model.config.name):
             raise InputError(f"low_noise_model: {low_noise_model.name} does not have the shape "
                              f"of {model.name}; the A14B experts are a matching pair")
+    if settings.block_swap < 0 or settings.prefetch_blocks < 1:
+        raise InputError(f"block_swap {settings.block_swap} / prefetch_blocks "
+                         f"{settings.prefetch_blocks}: expected block_swap >= 0 (0: no swap) "
+                         f"and prefetch_blocks >= 1")
     schedule = schedule_for(settings)
     fmt = model.latent_format
 
@@ -109,17 +119,19 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
         start = noise
     del noise
 
-    with DevicePlacement(device) as placement:
+    with DevicePlacement(device) as placement, DiTPlacement(
+            placement, settings.block_swap, settings.prefetch_blocks) as dit_placement:
         if low_noise_model is None:
-            placement.place(model.model)
-            selector = SingleModel(_dit_fn(model), settings.cfg)
+            dit_placement.place(model)
+            selector = SingleModel(_dit_fn(model, dit_placement), settings.cfg)
         else:
-            modules = {"high_noise": model.model, "low_noise": low_noise_model.model}
+            handles = {"high_noise": model, "low_noise": low_noise_model}
             selector = ExpertPair(
-                _dit_fn(model), _dit_fn(low_noise_model), settings.boundary,
+                _dit_fn(model, dit_placement), _dit_fn(low_noise_model, dit_placement),
+                settings.boundary,
                 (settings.cfg if settings.cfg_low_noise is None else settings.cfg_low_noise,
                  settings.cfg),
-                on_switch=lambda _old, new: placement.place(modules[new.name], exclusive=True))
+                on_switch=lambda _old, new: dit_placement.place(handles[new.name]))
 
         def step_done(index: int, total: int, _x: torch.Tensor) -> None:
             if on_step is not None:

@@ -228,3 +228,38 @@ def test_compiled_blocks_sample_what_eager_blocks_do(headless):
     scale = float(outs[0].abs().max())
     assert scale > 0
     assert float((outs[1] - outs[0]).abs().max()) < 1e-5 * scale
+
+
+def test_block_swap_samples_what_resident_blocks_do(headless):
+    """The sampler's block_swap option streams the first blocks through slot buffers (on the CPU
+    host-to-host): same numbers, and the model's weights are back on the CPU afterwards."""
+    plain, _, _ = run_graph("t2v", width=32, height=32, mode="untiled")
+    for swap, prefetch in ((1, 1), (2, 1), (64, 3)):
+        swapped, _, _ = run_graph("t2v", width=32, height=32, mode="untiled",
+                                  sampler_kwargs={"block_swap": swap, "prefetch_blocks": prefetch})
+        assert torch.equal(swapped["samples"], plain["samples"])
+
+
+def test_block_swap_with_the_a14b_pair(headless):
+    dit, _ = NAMES["t2v"]
+    (high,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (low,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    pos, neg = node("TextEncode").encode(encoder, "a", "b")
+    (latent,) = node("EmptyLatent").make(high, 32, 32, 1, 1)
+    args = dict(seed=1, steps=6, cfg=3.0, shift=5.0, scheduler="unipc", denoise=1.0,
+                low_noise_model=low, boundary=0.875)
+    (plain,) = node("Sampler").run(high, pos, neg, latent, **args)
+    (swapped,) = node("Sampler").run(high, pos, neg, latent, block_swap=1, **args)
+    assert torch.equal(plain["samples"], swapped["samples"])
+    assert all(p.device.type == "cpu" for h in (high, low) for p in h.model.parameters())
+
+
+def test_block_swap_bad_values(headless):
+    dit, _ = NAMES["t2v"]
+    (model,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    pos, neg = node("TextEncode").encode(encoder, "a", "b")
+    (latent,) = node("EmptyLatent").make(model, 32, 32, 1, 1)
+    with pytest.raises(NodeInputError, match="Wan Sampler: block_swap -1.*expected block_swap >= 0"):
+        node("Sampler").run(model, pos, neg, latent, 1, 2, 3.0, 5.0, "euler", 1.0, block_swap=-1)

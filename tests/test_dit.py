@@ -179,23 +179,40 @@ def test_known_configs_build_on_meta_with_manifest_shapes():
         assert ours == theirs, name
 
 
-def test_chunked_feed_forward_equals_the_whole(monkeypatch):
-    """The FFN over chunks of token rows (the hidden activation held for one chunk at a time)
-    gives what one pass over all rows gives, also where the last chunk is short."""
+def test_row_chunks_cover_the_rows_in_whole_groups():
+    from wan_enhanced.wan.dit import row_chunks
+    assert row_chunks(100, 1, target=100) == [(0, 100)]
+    assert row_chunks(45, 1, target=8) == [(s, min(s + 8, 45)) for s in range(0, 45, 8)]
+    # 5 frames of 9 tokens: chunks of whole frames (two frames of 9 fit in 20 rows)
+    assert row_chunks(45, 5, target=20) == [(0, 18), (18, 36), (36, 45)]
+    # a frame larger than the target: one frame per chunk
+    assert row_chunks(45, 5, target=4) == [(s, s + 9) for s in range(0, 45, 9)]
+    assert row_chunks(45, 45, target=8) == [(s, min(s + 8, 45)) for s in range(0, 45, 8)]
+
+
+@pytest.mark.parametrize("kind,timesteps", [("t2v", "one"), ("ti2v", "per_frame"),
+                                            ("ti2v", "per_token"), ("i2v", "one")])
+def test_row_chunked_blocks_equal_one_pass(monkeypatch, kind, timesteps):
+    """Each block phase over row chunks (short last chunk, chunks of whole frames, per-token
+    modulation) gives what one pass over all rows gives, to float32 rounding."""
     from wan_enhanced.wan import dit
-    model = _tiny()
-    x, ctx, t = torch.randn(1, 16, 3, 6, 10), torch.randn(1, 5, 4096), torch.tensor([640.0])
+    model = _tiny(**{"t2v": {}, "ti2v": dict(in_dim=48, out_dim=48),
+                     "i2v": dict(in_dim=36, image_embedding=True, image_dim=64)}[kind])
+    cfg = model.config
+    frames = 3
+    x = torch.randn(1, cfg.in_dim, frames, 6, 10)
+    ctx = torch.randn(1, 5, cfg.text_dim)
+    tokens = frames * 3 * 5
+    t = {"one": torch.tensor([640.0]),
+         "per_frame": torch.tensor([[0.0, 500.0, 500.0]]),
+         "per_token": torch.linspace(0, 900, tokens)[None]}[timesteps]
+    clip = torch.randn(1, 257, cfg.image_dim) if cfg.image_embedding else None
     with torch.no_grad():
-        whole = model(x, t, ctx)
-        h = torch.randn(1, 45, model.config.dim)
-        ffn = model.blocks[0].ffn
-        one_pass = ffn(h)
-        # equal up to float32 rounding: a matrix product of fewer rows may sum in another order
-        assert (dit.feed_forward(ffn, h, chunk=8) - one_pass).abs().max() <= (
-            1e-6 * one_pass.abs().max())
-        monkeypatch.setattr(dit, "FFN_CHUNK_TOKENS", 7)  # 45 tokens: six full chunks and three
-        chunked = model(x, t, ctx)
-    assert (chunked - whole).abs().max() <= 1e-6 * whole.abs().max()
+        whole = model(x, t, ctx, clip_tokens=clip)
+        monkeypatch.setattr(dit, "ROW_CHUNK_TOKENS", 7)  # 45 tokens: frames of 15 / rows of 7
+        chunked = model(x, t, ctx, clip_tokens=clip)
+    assert (chunked - whole).abs().max() <= 2e-6 * whole.abs().max()
+    assert len(dit.row_chunks(tokens, 1)) == 7
 
 
 def test_forward_leaves_its_inputs_alone():

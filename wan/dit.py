@@ -77,28 +77,37 @@ def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Te
     return x
 
 
-# Token rows per FFN pass: its hidden activation, ffn_dim wide and held twice (before and after
-# the GELU), then exists for one chunk at a time: at 14B 720p 0.84 GiB instead of 4.2 GiB.
-FFN_CHUNK_TOKENS = 8192
+# Token rows per pass through a block. Each of the block's three phases (self-attention,
+# cross-attention, feed-forward) runs over chunks of this many rows, so its float32 norms and
+# modulation, its projections and the FFN's hidden activation exist for one chunk at a time:
+# at 14B 720p (75,600 tokens) a chunk's temporaries are a tenth of the full ones, and the block's
+# peak is the residual stream plus the self-attention keys and values.
+ROW_CHUNK_TOKENS = 8192
 
 
-def feed_forward(ffn: nn.Sequential, h: torch.Tensor,
-                 chunk: int = FFN_CHUNK_TOKENS) -> torch.Tensor:
-    """The FFN over chunks of token rows (rows are independent, so it is the same function)."""
-    length = h.shape[1]
-    if length <= chunk:
-        return ffn(h)
-    out = None
-    for start in range(0, length, chunk):
-        part = ffn(h[:, start:start + chunk])
-        if out is None:
-            out = part.new_empty(h.shape[0], length, part.shape[-1])
-        out[:, start:start + part.shape[1]] = part
-        del part
-    return out
+def row_chunks(length: int, groups: int, target: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges [start, end) covering 0..length. With several timestep groups (per frame or
+    per token) each range holds whole groups, so its modulation is a slice of the group tables."""
+    target = ROW_CHUNK_TOKENS if target is None else target
+    if length <= target:
+        return [(0, length)]
+    per_group = length // groups if groups > 1 else 1
+    step = max(1, target // per_group) * per_group
+    return [(start, min(start + step, length)) for start in range(0, length, step)]
+
+
+def group_rows(table: torch.Tensor, start: int, end: int, length: int) -> torch.Tensor:
+    """The part of a per-group table [B, G, D] that covers token rows [start, end)."""
+    groups = table.shape[1]
+    if groups == 1:
+        return table
+    per_group = length // groups
+    return table[:, start // per_group:end // per_group]
 
 
 class SelfAttention(nn.Module):
+    """Every query attends to every key: the keys and values of all rows are made first, then the
+    queries row chunk by row chunk (WanBlock runs the phases)."""
 
     def __init__(self, dim: int, num_heads: int, eps: float):
         super().__init__()
@@ -110,13 +119,18 @@ class SelfAttention(nn.Module):
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
 
-    def forward(self, x: torch.Tensor, rope: RotaryTable, attend) -> torch.Tensor:
-        b, length, dim = x.shape
-        heads = (b, length, self.num_heads, dim // self.num_heads)
-        q = rope.rotate(self.norm_q(self.q(x)).view(heads))
-        k = rope.rotate(self.norm_k(self.k(x)).view(heads))
-        v = self.v(x).view(heads)
-        return self.o(attend(q, k, v).reshape(b, length, dim))
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        return t.view(t.shape[0], t.shape[1], self.num_heads, -1)
+
+    def keys_values(self, h: torch.Tensor, rope: RotaryTable, start: int):
+        """Rotated keys and the values of rows start.. (h: their normed input)."""
+        return rope.rotate(self._heads(self.norm_k(self.k(h))), start), self._heads(self.v(h))
+
+    def attend_rows(self, h: torch.Tensor, rope: RotaryTable, start: int, k, v,
+                    attend) -> torch.Tensor:
+        """The attention output of rows start.. (h: their normed input) over all keys."""
+        q = rope.rotate(self._heads(self.norm_q(self.q(h))), start)
+        return self.o(attend(q, k, v).flatten(2))
 
 
 class CrossAttention(nn.Module):
@@ -140,15 +154,21 @@ class CrossAttention(nn.Module):
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.view(t.shape[0], t.shape[1], self.num_heads, -1)
 
-    def forward(self, x, context, image_context, attend) -> torch.Tensor:
-        b, length, dim = x.shape
-        q = self._heads(self.norm_q(self.q(x)))
-        k = self._heads(self.norm_k(self.k(context)))
-        out = attend(q, k, self._heads(self.v(context)))
-        if image_context is not None:
-            k_img = self._heads(self.norm_k_img(self.k_img(image_context)))
-            out = out + attend(q, k_img, self._heads(self.v_img(image_context)))
-        return self.o(out.reshape(b, length, dim))
+    def keys_values(self, context, image_context):
+        """Keys and values of the text rows (and image tokens), made once per block."""
+        text = (self._heads(self.norm_k(self.k(context))), self._heads(self.v(context)))
+        if image_context is None:
+            return text, None
+        image = (self._heads(self.norm_k_img(self.k_img(image_context))),
+                 self._heads(self.v_img(image_context)))
+        return text, image
+
+    def attend_rows(self, h: torch.Tensor, text_kv, image_kv, attend) -> torch.Tensor:
+        q = self._heads(self.norm_q(self.q(h)))
+        out = attend(q, *text_kv)
+        if image_kv is not None:
+            out = out + attend(q, *image_kv)
+        return self.o(out.flatten(2))
 
 
 class WanBlock(nn.Module):
@@ -167,19 +187,45 @@ class WanBlock(nn.Module):
 
     def forward(self, x, e0, rope, context, image_context, attend, compute_dtype):
         """x: float32 [B, L, D] residual stream, updated in place and returned; e0: float32
-        [B, G, 6, D] time projection."""
+        [B, G, 6, D] time projection.
+
+        Each phase runs over row chunks (row_chunks) and adds its output to those rows of x at
+        once. That is exact: a row's queries, norms and FFN depend on that row alone, and the
+        self-attention keys and values, which depend on all rows, are made before any row changes.
+        """
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = (
             self.modulation.float() + e0).unbind(2)
+        batch, length, dim = x.shape
+        chunks = row_chunks(length, e0.shape[1])
 
-        # x is updated in place; each h is cast at once so no float32 copy outlives its use
-        h = modulate(layer_norm(x, self.eps), shift_sa, scale_sa).to(compute_dtype)
-        add_gated_(x, self.self_attn(h, rope, attend), gate_sa)
+        def normed(start, end, shift, scale):
+            rows = layer_norm(x[:, start:end], self.eps)
+            return modulate(rows, group_rows(shift, start, end, length),
+                            group_rows(scale, start, end, length)).to(compute_dtype)
 
-        h = (x if self.norm3 is None else layer_norm(x, self.eps, self.norm3)).to(compute_dtype)
-        x.add_(self.cross_attn(h, context, image_context, attend))
+        attn = self.self_attn
+        heads = (batch, length, attn.num_heads, dim // attn.num_heads)
+        k = x.new_empty(heads, dtype=compute_dtype)
+        v = x.new_empty(heads, dtype=compute_dtype)
+        for start, end in chunks:
+            k[:, start:end], v[:, start:end] = attn.keys_values(
+                normed(start, end, shift_sa, scale_sa), rope, start)
+        for start, end in chunks:
+            out = attn.attend_rows(normed(start, end, shift_sa, scale_sa), rope, start, k, v,
+                                   attend)
+            add_gated_(x[:, start:end], out, group_rows(gate_sa, start, end, length))
+        del k, v, out
 
-        h = modulate(layer_norm(x, self.eps), shift_ff, scale_ff).to(compute_dtype)
-        return add_gated_(x, feed_forward(self.ffn, h), gate_ff)
+        text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
+        for start, end in chunks:
+            rows = x[:, start:end]
+            h = rows if self.norm3 is None else layer_norm(rows, self.eps, self.norm3)
+            rows.add_(self.cross_attn.attend_rows(h.to(compute_dtype), text_kv, image_kv, attend))
+
+        for start, end in chunks:
+            out = self.ffn(normed(start, end, shift_ff, scale_ff))
+            add_gated_(x[:, start:end], out, group_rows(gate_ff, start, end, length))
+        return x
 
 
 class Head(nn.Module):

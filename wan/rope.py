@@ -37,11 +37,12 @@ class RotaryTable:
         self.cos = torch.cos(angles).to(device=device, dtype=torch.float32)[:, None, :]
         self.sin = torch.sin(angles).to(device=device, dtype=torch.float32)[:, None, :]
 
-    def rotate(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate the channel pairs of x [B, L, heads, head_dim]; float32 arithmetic, x's dtype out."""
+    def rotate(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Rotate the channel pairs of x [B, L, heads, head_dim], the tokens start..start+L of the
+        grid; float32 arithmetic, x's dtype out."""
         b, length, heads, head_dim = x.shape
+        cos, sin = self.cos[start:start + length], self.sin[start:start + length]
         pairs = x.float().view(b, length, heads, head_dim // 2, 2)
         even, odd = pairs.unbind(-1)
-        out = torch.stack((even * self.cos - odd * self.sin,
-                           even * self.sin + odd * self.cos), dim=-1)
+        out = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
         return out.view(b, length, heads, head_dim).to(x.dtype)

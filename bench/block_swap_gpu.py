@@ -7,8 +7,9 @@ peer_diffusers.py) and the forward is timed with the model
                       slot buffers on a side stream (offload/block_swap.py), the rest resident
 eager and with the blocks compiled. Reported per row: median ms and its ratio to the resident
 row of the same mode, the device memory the forward needs in all (peak allocated, weights and
-slots included: what decides whether it fits) and how much of it are weights, and whether the
-output equals the resident output bit for bit (it should: the same kernels on the same bytes).
+slots included: what decides whether it fits) and how much of it are weights, and how the
+output compares with the resident output (eager: bit for bit, the same kernels on the same
+bytes; compiled: to rounding, the blocks may be compiled again for the slot views).
 Also the host-to-device copy speed of one block against one block's compute time, which says
 how much of a swap can hide behind the compute.
 
@@ -101,6 +102,7 @@ def run_case(name: str, args, device: torch.device, modes: list[str]) -> list[di
             tensor.data = tensor.data.cpu()
     peer.free_memory()
     for count, prefetch in swap_settings(len(blocks)):
+        resident_blocks = place(blocks[count:], device)
         with BlockSwap(blocks, range(count), device, slots=prefetch + 1) as swap:
             copy = block_copy_speed(swap, device)
             on_device = peer.device_bytes(model) - sum(p.buffer.numel() for p in swap.packs) \
@@ -111,22 +113,41 @@ def run_case(name: str, args, device: torch.device, modes: list[str]) -> list[di
                                       lambda o: o.float().cpu())
                 reference, base = resident[mode]
                 same = out is not None and reference is not None and torch.equal(out, reference)
+                diff = peer.difference(out, reference)[1]
                 rows.append(row(name, case.video, mode, count, prefetch, run, base, on_device,
-                                same, copy))
+                                same, copy, diff))
                 print(f"  swap {count} prefetch {prefetch} {mode}: {run.median_ms} ms, "
-                      f"equal: {same}", flush=True)
+                      f"equal: {same}, max rel diff {diff:.2e}", flush=True)
+        unplace(resident_blocks)
     del model
     peer.free_memory()
     return rows
 
 
-def row(case, video, mode, count, prefetch, run, resident, weights_on_device, equal, copy):
+def place(blocks, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The blocks that are not swapped go to the device; returns (tensor, CPU master) pairs."""
+    masters = []
+    for block in blocks:
+        for tensor in [*block.parameters(), *block.buffers()]:
+            masters.append((tensor, tensor.data))
+            tensor.data = tensor.data.to(device)
+    return masters
+
+
+def unplace(masters) -> None:
+    for tensor, master in masters:
+        tensor.data = master
+    peer.free_memory()
+
+
+def row(case, video, mode, count, prefetch, run, resident, weights_on_device, equal, copy,
+        diff=0.0):
     absolute = None if run.peak_allocated is None else run.peak_allocated + run.allocated_before
     return {"case": case, "video": video, "mode": mode, "blocks_swapped": count,
             "prefetch": prefetch, "run": run.to_dict(),
             "time_ratio": peer._ratio(run.median_ms, resident.median_ms),
             "peak_total_bytes": absolute, "weights_on_device_bytes": weights_on_device,
-            "equal_to_resident": equal,
+            "equal_to_resident": equal, "max_rel_diff_to_resident": diff,
             "block_copy_ms": None if copy is None else copy[0],
             "copy_gb_per_s": None if copy is None else copy[1]}
 
@@ -141,8 +162,8 @@ def markdown(data: dict) -> str:
              "inputs included; \"weights\" is what stays on the device for the run (resident "
              "weights and the slot buffers).", "",
              "| case | video | mode | swapped | prefetch | ms | / resident | peak GiB "
-             "| weights GiB | equal | block copy ms | GB/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| weights GiB | bit-equal | max rel diff | block copy ms | GB/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         run = r["run"]
         lines.append(
@@ -150,7 +171,8 @@ def markdown(data: dict) -> str:
             f"{r['prefetch']} | {run['error'] or f(run['median_ms'], '.0f')} | "
             f"{f(r['time_ratio'], '.3f')} | {f(r['peak_total_bytes'], '.2f', GIB)} | "
             f"{f(r['weights_on_device_bytes'], '.2f', GIB)} | "
-            f"{'yes' if r['equal_to_resident'] else 'NO'} | {f(r['block_copy_ms'], '.1f')} | "
+            f"{'yes' if r['equal_to_resident'] else 'no'} | "
+            f"{f(r.get('max_rel_diff_to_resident'), '.1e')} | {f(r['block_copy_ms'], '.1f')} | "
             f"{f(r['copy_gb_per_s'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
@@ -183,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         write_atomically(out / "block_swap.json", json.dumps(data, indent=1).encode())
         write_atomically(out / "block_swap.md", markdown(data).encode())
     print(markdown(data))
-    return 0 if all(r["equal_to_resident"] for r in data["rows"]) else 1
+    # eager blocks must match bit for bit; compiled ones may be compiled again for the slot
+    # views' addresses and round differently
+    exact = all(r["equal_to_resident"] for r in data["rows"] if r["mode"] == "eager")
+    close = all(r["max_rel_diff_to_resident"] <= 1e-2 for r in data["rows"])
+    return 0 if exact and close else 1
 
 
 if __name__ == "__main__":

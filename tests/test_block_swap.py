@@ -174,3 +174,19 @@ def test_benchmark_script_runs_and_checks_equality(tmp_path):
         (0, 0), (2, 1), (2, 2), (1, 1)]
     assert all(r["equal_to_resident"] for r in data["rows"])
     assert "| dit_1_3b |" in (tmp_path / "block_swap.md").read_text()
+
+
+@pytest.mark.skipif(not (__import__("shutil").which("c++") or __import__("shutil").which("g++")),
+                    reason="torch.compile on the CPU needs a C++ compiler")
+def test_compiled_blocks_read_the_slot_weights():
+    """Compiled blocks take their weights as graph inputs, so a block bound to slot views runs
+    on the weights in the slot (not on whatever the graph saw when it was compiled)."""
+    model = tiny_model()
+    x, t, context = inputs(model)
+    expected = model(x, t, context)
+    compiled_resident = model(x, t, context, compiled=True)
+    with BlockSwap(model.blocks, range(BLOCKS), "cpu", slots=2) as swap:
+        swapped = model(x, t, context, compiled=True, blocks=swap.blocks())
+    scale = float(expected.abs().max())
+    assert float((compiled_resident - expected).abs().max()) <= 1e-5 * scale
+    assert float((swapped - expected).abs().max()) <= 1e-5 * scale

@@ -241,9 +241,21 @@ class Head(nn.Module):
         self.modulation = nn.Parameter(torch.zeros(1, 2, cfg.dim))
 
     def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        """Modulated by e (the time embedding), not by the projection e0."""
+        """Modulated by e (the time embedding), not by the projection e0. Over row chunks: the
+        float32 norm and modulation of all rows at once would be the forward's largest
+        temporaries (three times the residual stream)."""
         shift, scale = (self.modulation.float() + e[:, :, None]).unbind(2)
-        return linear_fp32(self.head, modulate(layer_norm(x, self.eps), shift, scale))
+        length = x.shape[1]
+        out = None
+        for start, end in row_chunks(length, e.shape[1]):
+            rows = modulate(layer_norm(x[:, start:end], self.eps),
+                            group_rows(shift, start, end, length),
+                            group_rows(scale, start, end, length))
+            part = linear_fp32(self.head, rows)
+            if out is None:
+                out = part.new_empty(x.shape[0], length, part.shape[-1])
+            out[:, start:end] = part
+        return out
 
 
 class ImageEmbedding(nn.Module):

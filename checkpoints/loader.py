@@ -5,16 +5,18 @@ Every load follows the same steps, and fails before reading any weight when some
   2. identify the component and key layout, refuse a file of another component;
   3. map the keys onto our names and infer the configuration from the shapes;
   4. build the module on the meta device and compare every key and shape (strict both ways);
-  5. stream the tensors one by one, converted to the target dtype, and assign them.
+  5. stream the tensors one by one, converted to the target dtype (or quantized, for the DiT's
+     block matrices when asked), and assign them.
 On any error the partly filled state is dropped, so nothing half-loaded stays referenced.
 """
 
 from __future__ import annotations
 
 import json
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn as nn
@@ -24,6 +26,9 @@ from . import keymaps
 from .detect import (COMPONENT_NAMES, Identity, identify, infer_dit_config, infer_t5_config,
                      infer_vae_config)
 from .reader import CheckpointError, TensorSource, open_checkpoint
+
+if TYPE_CHECKING:
+    from ..quant.schemes import QuantScheme
 
 # Quantized checkpoints: per-layer scales stored beside the weights (ComfyUI's fp8 "scaled"
 # formats, old and new names) and marker tensors that carry no weights.
@@ -48,6 +53,8 @@ class CheckpointInfo:
     known_as: str | None  # a released model's name, or None for a custom size
     disk_dtypes: dict[str, int] = field(default_factory=dict)  # dtype name -> tensor count
     fp8_scaled: bool = False
+    quantization: str | None = None  # the weight_dtype that quantized the block matrices
+    quantization_detail: str = ""  # what was kept as stored and what quantized on load
 
     @property
     def description(self) -> str:
@@ -178,27 +185,85 @@ def _check_shapes(path: Path, module: nn.Module, plan: _Plan, what: str) -> None
                               + "; ".join(parts))
 
 
-def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dtype]) -> None:
-    """Read each tensor once, convert, and assign; a failure drops everything read so far."""
+def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dtype],
+            quantized: "QuantScheme | None" = None) -> None:
+    """Read each tensor once, convert, and assign; a failure drops everything read so far.
+
+    With `quantized`, each block matrix is quantized as soon as it is read: host memory holds
+    the growing model plus one matrix in transit, never the model twice."""
+    from ..wan.dit import is_block_linear
+
     state: dict[str, torch.Tensor] = {}
-    tensor = scale = None
+    kept = 0
     try:
         for ours, file_key in plan.key_map.items():
-            tensor = plan.source.read(file_key)
-            target = dtype_for(ours)
-            if ours in plan.scales:
-                scale = plan.source.read(plan.scales[ours]).float()
-                tensor = tensor.float() * scale.reshape(-1, *([1] * (tensor.dim() - 1))) \
-                    if scale.numel() > 1 else tensor.float() * scale
-            state[ours] = tensor.to(target)
+            if quantized is not None and is_block_linear(ours) and ours.endswith(".weight"):
+                stored = _read_quantized(plan, ours, file_key, quantized)
+                state[ours] = stored.codes
+                state[ours[:-len("weight")] + "weight_scale"] = stored.scales
+                kept += stored.kept_as_stored
+                del stored
+            else:
+                state[ours] = _read_converted(plan, ours, file_key, dtype_for(ours))
         module.load_state_dict(state, strict=True, assign=True)
-    except BaseException:
-        # the traceback keeps this frame alive: drop what it would otherwise hold
+        if quantized is not None:
+            plan.info.quantization = quantized.name
+            plan.info.quantization_detail = _quantization_detail(plan, quantized, kept)
+    except BaseException as exc:
+        # the traceback keeps the failed step's frames alive: drop what they would hold
         state.clear()
-        tensor = scale = None
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__.tb_next)
         raise
     finally:
         plan.source.close()
+
+
+def _file_scale(plan: _Plan, ours: str) -> torch.Tensor | None:
+    return plan.source.read(plan.scales[ours]) if ours in plan.scales else None
+
+
+def _read_converted(plan: _Plan, ours: str, file_key: str, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor in `dtype`; quantized ones (fp8-scaled files) dequantized with their scale."""
+    from ..quant.on_load import dequantize_stored
+
+    scale = _file_scale(plan, ours)
+    tensor = plan.source.read(file_key)
+    if scale is not None:
+        try:
+            tensor = dequantize_stored(tensor, scale)
+        except ValueError as exc:
+            raise CheckpointError(f"{plan.info.path}: {plan.scales[ours]} (the scale of "
+                                  f"{file_key} {list(tensor.shape)}): {exc}") from None
+    return tensor.to(dtype)
+
+
+def _read_quantized(plan: _Plan, ours: str, file_key: str, quantized: "QuantScheme"):
+    """One block matrix as `quantized` stores it (quant.on_load.stored_weight)."""
+    from ..quant.on_load import stored_weight
+
+    scale = _file_scale(plan, ours)
+    weight = plan.source.read(file_key)
+    try:
+        return stored_weight(quantized, weight, scale)
+    except ValueError as exc:
+        where = file_key if scale is None else f"{plan.scales[ours]} (the scale of {file_key})"
+        raise CheckpointError(f"{plan.info.path}: {where}: {exc}") from None
+
+
+def _quantization_detail(plan: _Plan, quantized: "QuantScheme", kept: int) -> str:
+    from ..wan.dit import is_block_linear
+
+    matrices = sum(1 for ours in plan.key_map
+                   if is_block_linear(ours) and ours.endswith(".weight"))
+    parts = []
+    if kept:
+        scales = "with the file's scales" if plan.scales else "no scales in the file: scale 1"
+        parts.append(f"{kept} block matrices kept as stored (fp8 e4m3fn, {scales})")
+    if matrices - kept:
+        parts.append(f"{matrices - kept} block matrices quantized on load "
+                     f"(per-output-channel scales)")
+    return f"{quantized.name}: " + "; ".join(parts)
 
 
 def _fail_cleanly(plan: _Plan, exc: Exception, what: str):
@@ -282,14 +347,40 @@ def _load(path, expected, role) -> tuple[nn.Module, CheckpointInfo, _Plan]:
     return module, plan.info, plan
 
 
-def load_dit(path: str | Path, dtype: torch.dtype = torch.bfloat16):
+def load_dit(path: str | Path, dtype: torch.dtype = torch.bfloat16,
+             quantization: str | None = None):
     """A WanDiT on the CPU: block matrices and embeddings in `dtype`, norms and modulation in
-    float32; fp8-scaled files are dequantized with their scales."""
-    from ..wan.dit import keeps_float32
+    float32; fp8-scaled files are dequantized with their scales.
 
+    quantization (a quant.schemes.SCHEMES name: fp8_e4m3fn, fp8_e4m3fn_fast, int8,
+    int8_dynamic): the block matrices become quantized layers instead, each quantized as it is
+    read (fp8 e4m3fn weights of pre-quantized files kept as stored when the scheme stores fp8);
+    everything else loads as above and the model computes in bf16."""
+    from ..quant.block_linears import quantize_block_linears
+    from ..quant.schemes import COMPUTE_DTYPE, SCHEMES
+    from ..wan.dit import is_block_linear, keeps_float32
+
+    chosen = None
+    if quantization is not None:
+        if quantization not in SCHEMES:
+            raise CheckpointError(f"{path}: quantization {quantization!r} is not one of "
+                                  f"{list(SCHEMES)}")
+        chosen = SCHEMES[quantization]
     module, info, plan = _load(path, ("dit",), "model loader")
     module.compute_dtype = dtype
-    _stream(plan, module, lambda k: torch.float32 if keeps_float32(k) else dtype)
+    if chosen is not None:
+        try:
+            quantize_block_linears(module, chosen)  # on the meta device: empty quantized layers
+        except BaseException:
+            plan.source.close()
+            raise
+
+    def dtype_for(key: str) -> torch.dtype:
+        if keeps_float32(key):
+            return torch.float32
+        return COMPUTE_DTYPE if chosen is not None and is_block_linear(key) else dtype
+
+    _stream(plan, module, dtype_for, chosen)
     return module.eval().requires_grad_(False), info
 
 

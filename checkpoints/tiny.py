@@ -128,6 +128,16 @@ def fp8_scaled(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def fp8_plain(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The block matrices cast to float8_e4m3fn with no scale (values beyond +-448 clipped),
+    as plain fp8 files such as `*_fp8_e4m3fn.safetensors` store them."""
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    return {key: (value.float().clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn)
+                  if is_block_linear(key.removeprefix("model.diffusion_model."))
+                  and key.endswith(".weight") else value)
+            for key, value in state.items()}
+
+
 def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str = "comfy",
               seed: int = 0, dtype: torch.dtype = torch.bfloat16,
               state: dict[str, torch.Tensor] | None = None) -> Path:
@@ -135,16 +145,19 @@ def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str
     official  - folder with diffusion_pytorch_model.safetensors + config.json
     sharded   - folder with 2 shards, the .index.json and config.json (as the 14B releases)
     comfy     - one file, keys under model.diffusion_model.
-    comfy_fp8 - as comfy, block matrices fp8-scaled
+    comfy_fp8 - as comfy, block matrices fp8-scaled (per-tensor `scale_weight`)
+    comfy_fp8_e4m3fn - as comfy, block matrices plain float8_e4m3fn without scales
     diffusers - folder with diffusers names + config.json
     Returns the path to hand to the loader.
     """
     path = Path(path)
     state = _cast(state if state is not None else random_dit_state(config, seed), dtype)
-    if layout in ("comfy", "comfy_fp8"):
+    if layout in ("comfy", "comfy_fp8", "comfy_fp8_e4m3fn"):
         prefixed = {"model.diffusion_model." + k: v for k, v in state.items()}
         if layout == "comfy_fp8":
             prefixed = fp8_scaled(prefixed)
+        elif layout == "comfy_fp8_e4m3fn":
+            prefixed = fp8_plain(prefixed)
         _atomic_save(prefixed, path)
         return path
     path.mkdir(parents=True, exist_ok=True)

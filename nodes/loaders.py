@@ -17,6 +17,12 @@ COMPILE = ("BOOLEAN", {"default": False, "tooltip": "torch.compile the transform
                        "about a quarter less time per step on a GPU, after a compile of tens of "
                        "seconds for each new video size (needs Triton)"})
 
+WEIGHT_DTYPE = ("how the weights are stored: bf16/fp16/fp32; or the transformer blocks' "
+                "matrices quantized (the rest bf16): fp8_e4m3fn (fp8 weights, dequantized per "
+                "matmul), fp8_e4m3fn_fast (fp8 matmul, GPUs of compute capability 8.9+), int8 "
+                "(int8 weights), int8_dynamic (int8 weights and activations). fp8 files load as "
+                "they are with the fp8 choices")
+
 
 def _file_choice(folder: str):
     return (host.list_models(folder), {"tooltip": f"a file of the '{folder}' models folder"})
@@ -24,9 +30,11 @@ def _file_choice(folder: str):
 
 def _loaded_event(handle, component: str, unique_id) -> None:
     """The load event, attributed: which component, and how much it occupies once placed."""
+    quantization = getattr(handle.info, "quantization", None)
+    extra = {"quantization": quantization} if quantization else {}
     memory_event(f"loaded {handle.name}", "load", unique_id, component=component,
                  bytes=tensor_bytes(handle.model), dtype=_main_dtype(handle.model),
-                 file=handle.name)
+                 file=handle.name, **extra)
 
 
 def _main_dtype(module) -> str | None:
@@ -54,7 +62,7 @@ class WanModelLoader:
     def INPUT_TYPES(cls):
         return {"required": {
             "model_name": _file_choice("diffusion_models"),
-            "weight_dtype": (list(loading.DTYPES), {"default": "bf16"}),
+            "weight_dtype": (loading.MODEL_DTYPES, {"default": "bf16", "tooltip": WEIGHT_DTYPE}),
             "attention": (available_backends(), {"default": "sdpa"}),
         }, "optional": {**OPTIONAL, "compile": COMPILE}, "hidden": HIDDEN}
 

@@ -32,6 +32,13 @@ class WanModelHandle:
         return self.model.config
 
     @property
+    def quantization(self) -> str | None:
+        """The weight_dtype that quantized the block matrices (fp8_e4m3fn, fp8_e4m3fn_fast,
+        int8, int8_dynamic), or None for float weights; info.quantization_detail says what was
+        kept as stored and what quantized on load."""
+        return self.info.quantization
+
+    @property
     def vae_kind(self) -> str:
         """The VAE this model's latents belong to."""
         return "vae22" if self.config.out_dim == 48 else "vae21"

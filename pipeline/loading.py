@@ -9,11 +9,18 @@ import torch
 from .. import host
 from ..checkpoints.loader import load_dit, load_text_encoder, load_vae
 from ..checkpoints.reader import CheckpointError
+from ..quant.kernels import fp8_matmul_unavailable, warn_once
+from ..quant.linear import fast_fallback_message
+from ..quant.schemes import COMPUTE_DTYPE, SCHEMES
 from ..wan.attention import available_backends
 from ..wan.tokenizer import UMT5Tokenizer
 from .handles import WanModelHandle, WanTextEncoderHandle, WanVAEHandle
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# The model loader's weight_dtype choices: the float dtypes first, in their released order, then
+# the block-matrix quantizations (quant/schemes.py) appended after them.
+MODEL_DTYPES = [*DTYPES, *SCHEMES]
 
 
 def _dtype(name: str, field: str) -> torch.dtype:
@@ -33,8 +40,23 @@ def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "sdpa",
     if attention not in available_backends():
         raise CheckpointError(f"attention: {attention!r} is not available here; available: "
                               f"{available_backends()}")
-    model, info = load_dit(path, _dtype(weight_dtype, "weight_dtype"))
+    if weight_dtype in SCHEMES:
+        _check_fast_fp8(weight_dtype)
+        model, info = load_dit(path, COMPUTE_DTYPE, quantization=weight_dtype)
+    elif weight_dtype in DTYPES:
+        model, info = load_dit(path, DTYPES[weight_dtype])
+    else:
+        raise CheckpointError(f"weight_dtype: {weight_dtype!r} is not one of {MODEL_DTYPES}")
     return WanModelHandle(_resident(model, keep_on_gpu), info, attention, compile)
+
+
+def _check_fast_fp8(weight_dtype: str) -> None:
+    """Say at load time when the fp8 matmul will not be there: under torch.compile the layers
+    cannot warn themselves."""
+    if SCHEMES[weight_dtype].options.get("fast"):
+        reason = fp8_matmul_unavailable(host.compute_device())
+        if reason is not None:
+            warn_once(fast_fallback_message(reason, COMPUTE_DTYPE))
 
 
 def load_vae_handle(path: Path, dtype: str = "bf16", keep_on_gpu: bool = False) -> WanVAEHandle:

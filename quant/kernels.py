@@ -1,0 +1,103 @@
+"""The low-precision matrix products, with the checks that decide whether a kernel applies.
+
+FP8: `torch._scaled_mm` with row-wise scales (float32 [M, 1] per token, [1, N] per output
+channel), bf16 out. It needs an NVIDIA GPU of compute capability 8.9 or later (Ada, Hopper)
+and both matrix widths (K, N) multiples of 16.
+
+INT8: `torch._int_mm` (int8 x int8 -> int32) on CUDA, which needs more than 16 rows (fewer are
+padded with zero rows) and K, N multiples of 8. Elsewhere the same integer product is computed
+exactly in float64: every partial sum is an integer below K * 127^2, far inside float64's
+2^53, so both paths give identical int32-valued results.
+
+INT8 uses torch's own kernel rather than torchao on purpose: torchao's quantized weights are
+tensor subclasses, which the block swap engine cannot move as raw bytes (it swaps every tensor's
+`.data` for a view into a device buffer); ours are plain int8 tensors.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .rowwise import FP8, quantize_rows
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """A RuntimeWarning the first time `message` comes up in this process. Silent while
+    torch.compile traces (a warning would break the graph): the model loader warns about the
+    device at load time for that reason."""
+    if torch.compiler.is_compiling() or message in _WARNED:
+        return
+    _WARNED.add(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def fp8_matmul_unavailable(device: torch.device) -> str | None:
+    """Why `torch._scaled_mm` cannot run on `device`, or None when it can. Traceable by
+    torch.compile: the device properties are constants to it."""
+    if device.type != "cuda":
+        return f"fp8 matmul needs a CUDA GPU; this runs on {device.type}"
+    if torch.version.hip is not None:
+        return "fp8 matmul of e4m3fn weights needs an NVIDIA GPU (ROCm GPUs use e4m3fnuz)"
+    props = torch.cuda.get_device_properties(device)
+    if (props.major, props.minor) < (8, 9):
+        return (f"fp8 matmul needs compute capability 8.9 or later; {props.name} has "
+                f"{props.major}.{props.minor}")
+    return None
+
+
+def fp8_shape_unsupported(in_features: int, out_features: int) -> str | None:
+    if in_features % 16 or out_features % 16:
+        return (f"fp8 matmul needs widths that are multiples of 16; this layer is "
+                f"{in_features} -> {out_features}")
+    return None
+
+
+def fp8_scaled_matmul(x: torch.Tensor, weight: torch.Tensor,
+                      weight_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (bf16) times the fp8 weight [N, K] with scales [N]: bf16 [M, N]. The activations
+    are quantized to fp8 per token on the fly."""
+    codes, scales = quantize_rows(x, FP8)
+    # weight.t() is the column-major [K, N] operand the kernel wants: a view, nothing copied
+    return torch._scaled_mm(codes, weight.t(), scale_a=scales,
+                            scale_b=weight_scale.view(1, -1), out_dtype=torch.bfloat16)
+
+
+# torch._int_mm's limits on CUDA (cuBLAS int8 GEMM)
+_INT_MM_MIN_ROWS = 17
+_INT_MM_MULTIPLE = 8
+
+
+def int8_kernel_unsupported(in_features: int, out_features: int) -> str | None:
+    if in_features % _INT_MM_MULTIPLE or out_features % _INT_MM_MULTIPLE:
+        return (f"int8 matmul (torch._int_mm) needs widths that are multiples of 8; this layer "
+                f"is {in_features} -> {out_features}; computing it in float64 instead")
+    return None
+
+
+def int8_matmul(codes: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The exact integer product codes [M, K] x weight [N, K]^T as float32 [M, N]."""
+    if codes.is_cuda:
+        reason = int8_kernel_unsupported(codes.shape[1], weight.shape[0])
+        if reason is None:
+            return int_mm_padded(codes, weight)
+        warn_once(reason)
+    return exact_int8_product(codes, weight)
+
+
+def int_mm_padded(codes: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """torch._int_mm, with zero rows added up to its minimum row count (and dropped after)."""
+    rows = codes.shape[0]
+    if rows < _INT_MM_MIN_ROWS:
+        codes = F.pad(codes, (0, 0, 0, _INT_MM_MIN_ROWS - rows))
+    # weight.t() is the column-major [K, N] operand cuBLAS' int8 GEMM wants: a view
+    return torch._int_mm(codes, weight.t())[:rows].float()
+
+
+def exact_int8_product(codes: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The same integers as torch._int_mm, computed in float64 (exact, see above)."""
+    return (codes.double() @ weight.double().t()).float()

@@ -1,0 +1,155 @@
+"""Linear layers with low-precision weights: FP8 e4m3fn and INT8, one float32 scale per output
+channel, bias in the compute dtype.
+
+State contract (the block swap engine and the device placement rely on it): every tensor is a
+plain torch.Tensor registered as a parameter with requires_grad=False — `weight` (codes
+[out, in]), `weight_scale` (float32 [out]) and `bias` — and `forward` reads them afresh at
+every call; nothing derived from them (transposes, dequantized copies) is kept on the module.
+So swapping each tensor's `.data` for a view into a device buffer of the same shape and dtype
+is all it takes to move a layer. Forward branches only on devices, shapes and flags, never on
+tensor values, so torch.compile traces it into one graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .kernels import (fp8_matmul_unavailable, fp8_scaled_matmul, fp8_shape_unsupported,
+                      int8_matmul, warn_once)
+from .rowwise import FP8, INT8, RowFormat, dequantize_weight, quantize_rows, quantize_weight
+
+
+def fast_fallback_message(reason: str, dtype: torch.dtype) -> str:
+    return (f"fp8_e4m3fn_fast: {reason}; dequantizing the weights to "
+            f"{str(dtype).removeprefix('torch.')} for the matmul instead")
+
+
+def _frozen(tensor: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor, requires_grad=False)
+
+
+class QuantizedLinear(nn.Module):
+    """Codes and per-output-channel scales; the default forward dequantizes the weight to the
+    input's dtype and multiplies (any device)."""
+
+    fmt: RowFormat
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 compute_dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str | None = None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = _frozen(torch.empty(out_features, in_features, dtype=self.fmt.dtype,
+                                          device=device))
+        self.weight_scale = _frozen(torch.ones(out_features, dtype=torch.float32,
+                                               device=device))
+        if bias:
+            self.bias = _frozen(torch.zeros(out_features, dtype=compute_dtype, device=device))
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, compute_dtype: torch.dtype = torch.bfloat16,
+                    **options) -> "QuantizedLinear":
+        """`linear` quantized (on its device; a meta layer gives a meta layer to load into)."""
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                     compute_dtype, device="meta", **options)
+        codes, scales = quantize_weight(linear.weight.detach(), cls.fmt)
+        bias = None if linear.bias is None else linear.bias.detach().to(compute_dtype)
+        module.assign(codes, scales, bias)
+        return module
+
+    def assign(self, codes: torch.Tensor, scales: torch.Tensor,
+               bias: torch.Tensor | None) -> None:
+        """Take these tensors as the layer's state (shapes and dtypes checked)."""
+        expected = (self.out_features, self.in_features)
+        if tuple(codes.shape) != expected or codes.dtype != self.fmt.dtype:
+            raise ValueError(f"weight codes {codes.dtype} {list(codes.shape)}; expected "
+                             f"{self.fmt.dtype} {list(expected)}")
+        if tuple(scales.shape) != (self.out_features,) or scales.dtype != torch.float32:
+            raise ValueError(f"weight scales {scales.dtype} {list(scales.shape)}; expected "
+                             f"float32 [{self.out_features}]")
+        self.weight = _frozen(codes)
+        self.weight_scale = _frozen(scales)
+        if bias is not None:
+            self.bias = _frozen(bias)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_weight(self.weight, self.weight_scale, dtype)
+
+    def dequantized_forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight(x.dtype), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequantized_forward(x)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, weight={self.fmt.dtype}")
+
+
+class Fp8Linear(QuantizedLinear):
+    """FP8 e4m3fn weights. `fast`: fp8 x fp8 matmul through torch._scaled_mm with the
+    activations quantized per token, where the GPU has it (compute capability 8.9+, widths
+    multiples of 16); elsewhere the dequantizing forward, announced once by a warning."""
+
+    fmt = FP8
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 compute_dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str | None = None, fast: bool = False):
+        super().__init__(in_features, out_features, bias, compute_dtype, device)
+        self.fast = fast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast:
+            reason = (fp8_matmul_unavailable(x.device)
+                      or fp8_shape_unsupported(self.in_features, self.out_features))
+            if reason is None:
+                return self.scaled_forward(x)
+            warn_once(fast_fallback_message(reason, x.dtype))
+        return self.dequantized_forward(x)
+
+    def scaled_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The fp8 matmul itself (no device check: callers make sure the kernel exists)."""
+        lead = x.shape[:-1]
+        out = fp8_scaled_matmul(x.reshape(-1, self.in_features), self.weight,
+                                self.weight_scale)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out.to(x.dtype).view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", fast={self.fast}"
+
+
+class Int8Linear(QuantizedLinear):
+    """INT8 weights. Weight-only by default (dequantize, then matmul in the input's dtype);
+    `dynamic`: W8A8, the activations quantized to int8 per token and multiplied in integers
+    (torch._int_mm on CUDA, exact float64 elsewhere), rescaled in float32."""
+
+    fmt = INT8
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 compute_dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str | None = None, dynamic: bool = False):
+        super().__init__(in_features, out_features, bias, compute_dtype, device)
+        self.dynamic = dynamic
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dynamic_forward(x) if self.dynamic else self.dequantized_forward(x)
+
+    def dynamic_forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        codes, scales = quantize_rows(x.reshape(-1, self.in_features), INT8)
+        out = int8_matmul(codes, self.weight) * scales * self.weight_scale
+        if self.bias is not None:
+            out = out + self.bias.float()
+        return out.to(x.dtype).view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", dynamic={self.dynamic}"

@@ -28,8 +28,9 @@ compile_repeated_blocks(). Rows: eager/eager, our compiled/their eager, compiled
 output is compared with diffusers' eager output.
 
 VAE: ours through decode_to_images (IMAGE frames in 0..1, streamed to a CPU buffer) untiled,
-tiled with its defaults (272x272 px tiles, stride 144x128) and tiled with diffusers' geometry
-(256 px tiles, stride 192); diffusers' decode untiled and with enable_tiling() (256 px tiles,
+tiled with its defaults (272x272 px tiles, stride 144x128), tiled with diffusers' geometry
+(256 px tiles, stride 192) and on grids planned from a memory budget of 1.5, 2 and 3 GiB (the
+decode node's "auto" mode; rows give the grid and the estimate it was planned with); diffusers' decode untiled and with enable_tiling() (256 px tiles,
 stride 192), its output left on the GPU as its pipeline has it. Diffusers clamps
 the decoded video to [-1, 1]; it is mapped to 0..1 as (x + 1) / 2 for the comparison. Every row
 is compared with diffusers' untiled decode.
@@ -62,7 +63,8 @@ import torch
 from wan_enhanced.atomic_files import write_atomically
 from wan_enhanced.checkpoints.tiny import (TINY_VAE, _diffusers_config_json,
                                            dit_ours_to_diffusers, vae_ours_to_diffusers)
-from wan_enhanced.vae_tiling.decode import decode_to_images
+from wan_enhanced.vae_tiling.decode import (decode_to_images, estimate_decode_bytes,
+                                            plan_budget_tiles)
 from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig
 from wan_enhanced.wan.dit import WanDiT, keeps_float32
 from wan_enhanced.wan.latent_format import WAN21_LATENT, WAN22_LATENT
@@ -400,10 +402,14 @@ def float32_reference(config: DiTConfig, state: dict[str, torch.Tensor], noise, 
 
 
 # our decoder untiled, tiled with its defaults (272 px tiles, stride 144x128: every pixel is
-# decoded about four times, for seam-free blending at the least memory), and tiled with
-# diffusers' geometry (256 px tiles, stride 192), so the tiled rows also compare like with like
+# decoded about four times, for seam-free blending at the least memory), tiled with diffusers'
+# geometry (256 px tiles, stride 192), so the tiled rows also compare like with like, and tiled
+# on a grid planned from a memory budget (the decode node's "auto" mode, 64 px overlap)
 OUR_VAE_MODES = {"untiled": dict(tiled=False), "tiled": dict(tiled=True),
-                 "tiled 256/192": dict(tiled=True, tile=(256, 256), stride=(192, 192))}
+                 "tiled 256/192": dict(tiled=True, tile=(256, 256), stride=(192, 192)),
+                 "budget 1.5 GiB": dict(budget_bytes=3 << 29),
+                 "budget 2 GiB": dict(budget_bytes=2 << 30),
+                 "budget 3 GiB": dict(budget_bytes=3 << 30)}
 
 
 def run_vae(name: str, case: VAECase, args, device: torch.device) -> list[dict]:
@@ -440,11 +446,19 @@ def run_vae(name: str, case: VAECase, args, device: torch.device) -> list[dict]:
     free_memory()
 
     rows = []
-    for mode in OUR_VAE_MODES:
+    for mode, tiling in OUR_VAE_MODES.items():
         their_mode = "untiled" if mode == "untiled" else "tiled"
         row = result_row(name, case.video, latent_shape, f"ours {mode}", f"diffusers {their_mode}",
                          runs[mode], their_runs[their_mode], weights,
                          difference(outputs[mode], theirs["untiled"]))
+        row["time_vs_diffusers_untiled"] = _ratio(runs[mode].median_ms,
+                                                  their_runs["untiled"].median_ms)
+        if "budget_bytes" in tiling:  # the planned grid and the estimate it was planned with
+            grid = plan_budget_tiles(skeleton, latent_shape, tiling["budget_bytes"], dtype)
+            tile = grid.tiles[0]
+            row["grid"] = [len(grid.rows), len(grid.cols), tile.rows.size, tile.cols.size]
+            row["estimated_peak_bytes"] = estimate_decode_bytes(
+                skeleton, (tile.rows.size, tile.cols.size), latent_shape[0], dtype)
         if their_mode == "tiled":  # diffusers' own tiling error, for scale
             row["diffusers_tiled_vs_untiled_max_abs"] = difference(theirs["tiled"],
                                                                    theirs["untiled"])[0]
@@ -508,6 +522,20 @@ def markdown(data: dict) -> str:
             lines.append(f"| {r['case']} | {r['ours']} | {r['diffusers']} | "
                          f"{_fmt(r['ours_vs_float32_rel'], '.3e')} | "
                          f"{_fmt(r['diffusers_vs_float32_rel'], '.3e')} |")
+    vae_rows = [r for r in data["rows"] if "time_vs_diffusers_untiled" in r]
+    if vae_rows:
+        lines += ["", "VAE rows against diffusers' untiled decode (the design target's yardstick), "
+                  "with the planned grid (rows x cols of tiles, tile size in latent pixels) and "
+                  "the peak estimated when planning it:", "",
+                  "| case | ours | ms | time / diffusers untiled | peak GiB | grid "
+                  "| estimated peak GiB |", "|---|---|---|---|---|---|---|"]
+        for r in vae_rows:
+            grid = r.get("grid")
+            grid_text = f"{grid[0]}x{grid[1]} of {grid[2]}x{grid[3]}" if grid else ""
+            lines.append(f"| {r['case']} | {r['ours']} | {_fmt(r['ours_run']['median_ms'], '.0f')} "
+                         f"| {_fmt(r['time_vs_diffusers_untiled'], '.2f')} "
+                         f"| {_fmt(r['ours_run']['peak_allocated_bytes'], '.2f', GIB)} "
+                         f"| {grid_text} | {_fmt(r.get('estimated_peak_bytes'), '.2f', GIB)} |")
     lines += ["", "| case | ours weights GiB | diffusers weights GiB | ours peak reserved GiB "
               "| their peak reserved GiB |", "|---|---|---|---|---|"]
     for r in data["rows"]:

@@ -20,14 +20,24 @@ class WanTiledDecode:
             "tile_y": ("INT", {"default": 272, **pixels}),
             "stride_x": ("INT", {"default": 144, **pixels}),
             "stride_y": ("INT", {"default": 128, **pixels}),
-            "mode": (["tiled", "untiled"], {"default": "tiled"}),
+            "mode": (["tiled", "untiled", "auto"], {"default": "tiled", "tooltip":
+                     "tiled: the tile and stride above; untiled: the whole frame at once; "
+                     "auto: the grid of least work whose tiles fit vram_budget_gb"}),
+        }, "optional": {
+            "vram_budget_gb": ("FLOAT", {"default": 2.0, "min": 0.0, "max": 1024.0, "step": 0.25,
+                                         "tooltip": "auto: device memory for the decode besides "
+                                                    "the VAE's weights; 0 uses what the device "
+                                                    "has free"}),
+            "overlap": ("INT", {"default": 64, **pixels, "tooltip":
+                                "auto: pixels shared by neighbouring tiles, blended"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     RETURN_TYPES = ("IMAGE",)
     FUNCTION = "run"
     CATEGORY = CATEGORY
 
-    def run(self, vae, latent, tile_x, tile_y, stride_x, stride_y, mode, unique_id=None):
+    def run(self, vae, latent, tile_x, tile_y, stride_x, stride_y, mode, vram_budget_gb=2.0,
+            overlap=64, unique_id=None):
         memory_event("decode starts", "decode", unique_id)
         bar = None
 
@@ -37,7 +47,8 @@ class WanTiledDecode:
             bar.update_to(done)
 
         with node_errors(self.DISPLAY):
-            images = decode(vae, latent, tiled=mode == "tiled", tile=(tile_x, tile_y),
-                            stride=(stride_x, stride_y), progress=progress)
+            images = decode(vae, latent, mode=mode, tile=(tile_x, tile_y),
+                            stride=(stride_x, stride_y), budget_gb=vram_budget_gb,
+                            overlap=overlap, progress=progress)
         memory_event("decode done", "decode", unique_id)
         return (images,)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import host
-from ..vae_tiling.decode import decode_to_images
+from ..vae_tiling.decode import decode_to_images, plan_grid
 from .handles import WanVAEHandle
 from .placement import DevicePlacement
 from .sample import InputError
@@ -27,13 +27,50 @@ def check_latent_for_vae(vae: WanVAEHandle, latent, field: str = "latent") -> to
     return samples
 
 
-def decode(vae: WanVAEHandle, latent: dict, *, tiled: bool = True, tile=(272, 272),
-           stride=(144, 128), device=None, progress=None) -> torch.Tensor:
-    """IMAGE frames [B*F, H, W, 3] float32 in 0..1 on the CPU."""
+DECODE_MODES = ("tiled", "untiled", "auto")
+
+
+def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "tiled", tile=(272, 272),
+           stride=(144, 128), budget_gb: float = 2.0, overlap: int = 64, device=None,
+           progress=None) -> torch.Tensor:
+    """IMAGE frames [B*F, H, W, 3] float32 in 0..1 on the CPU.
+
+    mode "tiled" uses tile/stride (pixels, (x, y)); "untiled" decodes whole frames; "auto" plans
+    the grid of least work whose tiles fit `budget_gb` GiB of device memory besides the VAE's
+    weights (0: the memory the device has free once the VAE is placed), tiles overlapping by
+    `overlap` pixels.
+    """
+    if mode not in DECODE_MODES:
+        raise InputError(f"mode: expected one of {list(DECODE_MODES)}, got {mode!r}")
+    if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or budget_gb < 0:
+        raise InputError(f"vram_budget_gb: expected 0 (what is free) or a positive number of "
+                         f"GiB, got {budget_gb!r}")
     samples = check_latent_for_vae(vae, latent)
     device = torch.device(device) if device is not None else host.compute_device()
     with DevicePlacement(device) as placement:
         placement.place(vae.model)
+        budget = None
+        if mode == "auto":
+            budget = int(budget_gb * (1 << 30)) if budget_gb > 0 else free_device_bytes(device)
+        tiled = mode == "tiled" or (mode == "auto" and budget is not None)
+        try:
+            plan_grid(vae.model, samples.shape, tiled=tiled, tile=tile, stride=stride,
+                      budget_bytes=budget, overlap=overlap)
+        except ValueError as error:
+            raise InputError(str(error)) from None
         return decode_to_images(vae.model, samples, tiled=tiled, tile=tile, stride=stride,
-                                device=device, progress=progress,
-                                check_interrupt=host.check_interrupt)
+                                budget_bytes=budget, overlap=overlap, device=device,
+                                progress=progress, check_interrupt=host.check_interrupt)
+
+
+# Left free of a budget taken from free memory: allocator rounding and other streams' work.
+FREE_MEMORY_MARGIN = 0.9
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """What the device has free, less a margin; None (no limit: untiled) on the CPU."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(FREE_MEMORY_MARGIN * (free + cached))

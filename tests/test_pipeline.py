@@ -136,6 +136,33 @@ def test_bad_inputs_name_node_and_field(headless, tmp_path):
         node("Sampler").run(t2v, good, good, latent, 0, 2, 5.0, 5.0, "unipc", 1.0)
 
 
+def test_decode_modes_of_the_decode_node(headless):
+    _, vae21 = NAMES["t2v"]
+    (vae_handle,) = node("VAELoader").load(vae21, "fp32")
+    latent = {"samples": torch.randn(1, 16, 2, 6, 8, generator=torch.Generator().manual_seed(3))}
+    decode = node("TiledDecode").run
+    (untiled,) = decode(vae_handle, latent, 32, 32, 16, 16, "untiled")
+    # a budget that holds the whole frame decodes it untiled, bit for bit
+    (roomy,) = decode(vae_handle, latent, 32, 32, 16, 16, "auto", vram_budget_gb=8.0)
+    assert torch.equal(roomy, untiled)
+    # a small budget tiles: the same frames and size, blended from several tiles
+    (tight,) = decode(vae_handle, latent, 32, 32, 16, 16, "auto", vram_budget_gb=0.003,
+                      overlap=16)
+    assert tight.shape == untiled.shape and not torch.equal(tight, untiled)
+    assert 0 <= float(tight.min()) and float(tight.max()) <= 1
+    # on the CPU, 0 ("what the device has free") means no limit: untiled
+    (free,) = decode(vae_handle, latent, 32, 32, 16, 16, "auto", vram_budget_gb=0.0)
+    assert torch.equal(free, untiled)
+    with pytest.raises(NodeInputError, match="Wan Tiled Decode: budget_bytes: .*cannot hold"):
+        decode(vae_handle, latent, 32, 32, 16, 16, "auto", vram_budget_gb=1e-7)
+    with pytest.raises(NodeInputError, match="Wan Tiled Decode: stride_x: must be smaller"):
+        decode(vae_handle, latent, 32, 32, 48, 16, "tiled")
+    with pytest.raises(NodeInputError, match="Wan Tiled Decode: vram_budget_gb"):
+        decode(vae_handle, latent, 32, 32, 16, 16, "auto", vram_budget_gb=-1.0)
+    with pytest.raises(NodeInputError, match="Wan Tiled Decode: mode"):
+        decode(vae_handle, latent, 32, 32, 16, 16, "fast")
+
+
 def test_unwritable_output_leaves_nothing(headless):
     headless.parent.mkdir(parents=True, exist_ok=True)
     headless.write_text("a file where the output folder should be")

@@ -11,10 +11,10 @@ import torch.nn as nn
 
 from wan_enhanced.checkpoints.tiny import TINY_VAE, random_vae_state
 from wan_enhanced.vae_tiling import decode as decode_module
-from wan_enhanced.vae_tiling.decode import (auto_tile_size, decode_to_images,
-                                            estimate_decode_bytes)
-from wan_enhanced.vae_tiling.tiles import (Span, axis_spans, axis_weights,
-                                           latent_tile_and_stride, plan_tiles)
+from wan_enhanced.vae_tiling.decode import (DecodeCost, decode_to_images,
+                                            estimate_decode_bytes, plan_budget_tiles)
+from wan_enhanced.vae_tiling.tiles import (Span, axis_spans, axis_weights, even_spans,
+                                           latent_tile_and_stride, plan_even_tiles, plan_tiles)
 from wan_enhanced.wan.vae21 import WanVAE21
 from wan_enhanced.wan.vae22 import WanVAE22
 
@@ -400,39 +400,97 @@ def real_size_vae(request):
         return {"vae21": WanVAE21, "vae22": WanVAE22}[request.param]()
 
 
-def test_auto_tile_is_the_largest_that_fits(real_size_vae):
+def brute_force_least_work(vae, height, width, budget, overlap):
+    """(work, tiles) of the best grid, by trying every count of even tiles along each axis."""
+    cost, best = DecodeCost(vae, 1, torch.bfloat16), None
+    for rows in range(1, height + 1):
+        for cols in range(1, width + 1):
+            try:
+                tile_h = even_spans(height, rows, overlap)[0].size
+                tile_w = even_spans(width, cols, overlap)[0].size
+            except ValueError:
+                continue
+            if cost.bytes(tile_h, tile_w) <= budget:
+                candidate = (rows * tile_h * cols * tile_w, rows * cols)
+                best = candidate if best is None else min(best, candidate)
+    return best
+
+
+@pytest.mark.parametrize("gib", [0.5, 1, 2, 4])
+def test_budget_grid_does_the_least_work_that_fits(real_size_vae, gib):
     vae, scale = real_size_vae, real_size_vae.spatial_stride
     shape = (1, vae.z_dim, 21, 720 // scale, 1280 // scale)
-    budget = 2 << 30
-    (tile_x, tile_y), (stride_x, stride_y) = auto_tile_size(vae, shape, budget, torch.bfloat16)
-    for size in (tile_x, tile_y, stride_x, stride_y):
-        assert size % scale == 0
-    assert stride_x < tile_x and stride_y < tile_y
-    assert tile_x == tile_y  # square while smaller than the frame
-    side = tile_x // scale
-    assert estimate_decode_bytes(vae, (side, side), 1, torch.bfloat16) <= budget
-    assert estimate_decode_bytes(vae, (side + 1, side + 1), 1, torch.bfloat16) > budget
-    # the default overlap ratio (144/272 and 128/272), rounded down to whole latent pixels
-    assert stride_x // scale == int(side * 144 / 272) and stride_y // scale == int(side * 128 / 272)
-    plan_tiles(shape[3], shape[4], scale, (tile_x, tile_y), (stride_x, stride_y))  # valid
+    budget = int(gib * (1 << 30))
+    grid = plan_budget_tiles(vae, shape, budget, torch.bfloat16, overlap=64)
+    overlap = 64 // scale
+    for tile in grid:
+        assert estimate_decode_bytes(vae, (tile.rows.size, tile.cols.size), 1,
+                                     torch.bfloat16) <= budget
+    for spans in (grid.rows, grid.cols):
+        assert spans[0].start == 0 and spans[-1].stop == (shape[3] if spans is grid.rows
+                                                          else shape[4])
+        assert all(a.stop - b.start >= overlap for a, b in zip(spans, spans[1:]))
+        assert len({span.size for span in spans}) == 1
+    work = sum(t.rows.size * t.cols.size for t in grid)
+    assert (work, len(grid)) == brute_force_least_work(vae, shape[3], shape[4], budget, overlap)
 
 
-def test_auto_tile_grows_with_the_budget_and_stops_at_the_frame(real_size_vae):
+def test_budget_grid_grows_with_the_budget_and_ends_untiled(real_size_vae):
     vae, scale = real_size_vae, real_size_vae.spatial_stride
     shape = (1, vae.z_dim, 21, 704 // scale, 1280 // scale)
-    sizes = [auto_tile_size(vae, shape, gib << 30, torch.bfloat16)[0] for gib in (1, 2, 4, 8)]
-    assert sizes == sorted(sizes)
-    (tile_x, tile_y), stride = auto_tile_size(vae, shape, 1 << 40, torch.bfloat16)
-    assert (tile_x, tile_y) == (1280, 704)  # the whole frame: an untiled decode
-    assert len(plan_tiles(shape[3], shape[4], scale, (tile_x, tile_y), stride)) == 1
+    counts = [len(plan_budget_tiles(vae, shape, gib << 30, torch.bfloat16)) for gib in (1, 2, 4, 8)]
+    assert counts == sorted(counts, reverse=True) and counts[0] > 1
+    assert len(plan_budget_tiles(vae, shape, 1 << 40, torch.bfloat16)) == 1
 
 
-def test_auto_tile_rejects_an_impossible_budget(real_size_vae):
+def test_budget_grid_rejects_bad_input(real_size_vae):
     shape = (1, real_size_vae.z_dim, 21, 44, 80)
     with pytest.raises(ValueError, match="budget_bytes"):
-        auto_tile_size(real_size_vae, shape, 1 << 20, torch.bfloat16)
+        plan_budget_tiles(real_size_vae, shape, 1 << 20, torch.bfloat16)
     with pytest.raises(ValueError, match="latent_shape"):
-        auto_tile_size(real_size_vae, (44, 80), 1 << 30, torch.bfloat16)
+        plan_budget_tiles(real_size_vae, (44, 80), 1 << 30, torch.bfloat16)
+    with pytest.raises(ValueError, match="overlap"):
+        plan_budget_tiles(real_size_vae, shape, 1 << 30, torch.bfloat16, overlap=0)
+
+
+def test_even_spans_cover_the_axis_with_at_least_the_overlap():
+    for size in (7, 20, 45, 90):
+        for count in range(1, 8):
+            for overlap in (1, 2, 5):
+                try:
+                    spans = even_spans(size, count, overlap)
+                except ValueError:
+                    assert count > 1
+                    continue
+                assert len(spans) == count and spans[0].start == 0 and spans[-1].stop == size
+                assert len({s.size for s in spans}) == 1
+                gaps = [a.stop - b.start for a, b in zip(spans, spans[1:])]
+                assert all(overlap <= g for g in gaps)
+                assert all(s.size > g for s, g in zip(spans, gaps))
+
+
+def test_decode_from_a_budget_uses_the_planned_grid(monkeypatch):
+    vae = build_vae("vae21")
+    latent = random_latent(vae, (12, 16))
+    planned = []
+    real_plan = decode_module.plan_budget_tiles
+
+    def spy(*args, **kwargs):
+        planned.append(real_plan(*args, **kwargs))
+        return planned[-1]
+
+    monkeypatch.setattr(decode_module, "plan_budget_tiles", spy)
+    budget = estimate_decode_bytes(vae, (8, 10), 1, torch.float32)
+    out = decode_to_images(vae, latent, budget_bytes=budget, overlap=16)
+    (grid,) = planned
+    assert len(grid) > 1
+    assert all(estimate_decode_bytes(vae, (t.rows.size, t.cols.size), 1, torch.float32) <= budget
+               for t in grid)
+    # The same grid through the tile/stride path gives the same images, bit for bit.
+    monkeypatch.setattr(decode_module, "plan_tiles", lambda *args, **kwargs: grid)
+    assert torch.equal(out, decode_to_images(vae, latent, tile=(64, 64), stride=(32, 32)))
+    untiled = decode_to_images(vae, latent, tiled=False)
+    assert out.shape == untiled.shape and not torch.equal(out, untiled)
 
 
 def test_default_tile_fits_the_memory_target():

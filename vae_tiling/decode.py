@@ -6,7 +6,8 @@ flicker). Every chunk the VAE yields is turned into weighted image values on the
 straight into one preallocated CPU buffer, so the device holds one tile's activations at a time
 and the full video only ever exists on the CPU.
 
-auto_tile_size picks the largest tile whose estimated decode peak fits a memory budget.
+plan_budget_tiles picks the tile grid of least work whose tiles' estimated decode peak fits a
+memory budget.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import torch
 import torch.nn as nn
 
 from ..wan.vae_blocks import CausalConv3d, FrameAttention, FrameConv2d, Upsample
-from .tiles import TileGrid, plan_tiles, single_tile
+from .tiles import TileGrid, even_spans, plan_even_tiles, plan_tiles, single_tile
 
 DEFAULT_TILE = (272, 272)  # (x, y) pixels, the benchmark scenarios' settings
 DEFAULT_STRIDE = (144, 128)
+DEFAULT_OVERLAP = 64  # pixels between neighbouring tiles of a grid planned from a memory budget
 
 
 # -- the decode --------------------------------------------------------------------------------
@@ -30,6 +32,7 @@ DEFAULT_STRIDE = (144, 128)
 def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True,
                      tile: tuple[int, int] = DEFAULT_TILE,
                      stride: tuple[int, int] = DEFAULT_STRIDE,
+                     budget_bytes: int | None = None, overlap: int = DEFAULT_OVERLAP,
                      device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                      progress: Callable[[int, int], None] | None = None,
                      check_interrupt: Callable[[], None] | None = None) -> torch.Tensor:
@@ -40,6 +43,8 @@ def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True
 
     tile, stride: (x, y) in pixels. tiled=False decodes the whole frame as one tile, still
     streamed chunk by chunk into the CPU buffer.
+    budget_bytes: when given (and tiled), the grid is planned from this device memory budget
+        instead (plan_budget_tiles, tiles overlapping by `overlap` px); tile and stride are unused.
     device, dtype: where and in what precision the VAE runs; default where its weights are. The
         caller places the VAE (pipeline/placement.py); a different device or dtype is an error.
     progress(done, total): called after each decoded chunk of each tile.
@@ -50,8 +55,8 @@ def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True
     device = _run_device(vae, device, dtype)
     batch, _, latent_frames, height, width = latent.shape
     scale = vae.spatial_stride
-    grid = (plan_tiles(height, width, scale, tile, stride) if tiled
-            else single_tile(height, width, scale))
+    grid = plan_grid(vae, latent.shape, tiled=tiled, tile=tile, stride=stride,
+                     budget_bytes=budget_bytes, overlap=overlap)
     canvas = ImageCanvas(batch, 1 + vae.temporal_stride * (latent_frames - 1),
                          height * scale, width * scale)
     try:
@@ -64,6 +69,19 @@ def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True
         traceback.clear_frames(error.__traceback__)
         raise
     return canvas.images()
+
+
+def plan_grid(vae: nn.Module, latent_shape, *, tiled: bool = True,
+              tile: tuple[int, int] = DEFAULT_TILE, stride: tuple[int, int] = DEFAULT_STRIDE,
+              budget_bytes: int | None = None, overlap: int = DEFAULT_OVERLAP) -> TileGrid:
+    """The tile grid decode_to_images uses for these arguments (ValueError naming the bad one)."""
+    height, width = latent_shape[-2:]
+    scale = vae.spatial_stride
+    if not tiled:
+        return single_tile(height, width, scale)
+    if budget_bytes is not None:
+        return plan_budget_tiles(vae, latent_shape, budget_bytes, _decode_dtype(vae), overlap)
+    return plan_tiles(height, width, scale, tile, stride)
 
 
 def _decode_tiles(vae: nn.Module, latent: torch.Tensor, grid: TileGrid, canvas: ImageCanvas,
@@ -217,7 +235,6 @@ class ImageCanvas:
 # the factor comes with the benchmarks.
 
 SAFETY_FACTOR = 1.25
-_MIN_TILE = 2  # latent pixels: the smallest tile that can overlap a neighbour
 
 
 @dataclass(frozen=True)
@@ -228,7 +245,7 @@ class _Layer:
     out_channels: int
     history: int  # frames carried to the next chunk
     area: int  # pixels per latent pixel at this layer's resolution
-    frames: int  # frames per chunk at this layer (a later chunk: the most)
+    frames: int  # frames one call of this layer sees (one, after the split into frames)
 
     def cache_elements(self) -> int:
         return self.history * self.in_channels * self.area
@@ -245,9 +262,11 @@ def _decoder_layers(decoder: nn.Module) -> tuple[list[_Layer], list[tuple[int, i
 
     Walks the modules in registration order, which is the running order in both Wan decoders;
     an Upsample is handled as a whole because its time convolution runs before its resampling.
+    Layers run one frame at a time (wan/vae_blocks.py, run_frame_by_frame), except the resampling
+    of a temporal upsample, which sees the two frames its time convolution has just made.
     """
     layers, attentions = [], []
-    area, frames = 1, 1
+    area = 1
     inside_upsample: set[int] = set()
     for module in decoder.modules():
         if id(module) in inside_upsample:
@@ -257,70 +276,104 @@ def _decoder_layers(decoder: nn.Module) -> tuple[list[_Layer], list[tuple[int, i
             if module.time_conv is not None:
                 conv = module.time_conv
                 layers.append(_Layer(conv.in_channels, conv.out_channels, conv.history_frames,
-                                     area, frames))
-                frames *= 2
+                                     area, 1))
             area *= 4
             conv = module.resample[1]
-            layers.append(_Layer(conv.in_channels, conv.out_channels, 0, area, frames))
+            made = 2 if module.time_conv is not None else 1
+            layers.append(_Layer(conv.in_channels, conv.out_channels, 0, area, made))
         elif isinstance(module, CausalConv3d):
             layers.append(_Layer(module.in_channels, module.out_channels, module.history_frames,
-                                 area, frames))
+                                 area, 1))
         elif isinstance(module, FrameConv2d):
-            layers.append(_Layer(module.in_channels, module.out_channels, 0, area, frames))
+            layers.append(_Layer(module.in_channels, module.out_channels, 0, area, 1))
         elif isinstance(module, FrameAttention):
-            attentions.append((area, frames))
+            attentions.append((area, 1))
     return layers, attentions
+
+
+class DecodeCost:
+    """The estimated device peak of decoding one tile with `vae`, for `batch` videos in `dtype`."""
+
+    def __init__(self, vae: nn.Module, batch: int, dtype: torch.dtype) -> None:
+        layers, self._attentions = _decoder_layers(vae.decoder)
+        self._per_latent_pixel = (sum(layer.cache_elements() for layer in layers)
+                                  + max(layer.working_elements() for layer in layers))
+        # The decoded chunk in `dtype`, then its weighted float32 image and that image's
+        # permuted copy.
+        chunk_per_latent_pixel = vae.temporal_stride * vae.spatial_stride ** 2 * 3
+        self._chunk_bytes_per_latent_pixel = chunk_per_latent_pixel * (dtype.itemsize + 2 * 4)
+        self._itemsize = dtype.itemsize
+        self._batch = batch
+
+    def bytes(self, height: int, width: int) -> int:
+        """Bytes (weights excluded) for a tile of `height` x `width` latent pixels."""
+        pixels = height * width
+        scores = max((2 * (area * pixels) ** 2 * frames for area, frames in self._attentions),
+                     default=0)
+        activation_bytes = (self._per_latent_pixel * pixels + scores) * self._itemsize
+        chunk_bytes = self._chunk_bytes_per_latent_pixel * pixels
+        return int(SAFETY_FACTOR * self._batch * (activation_bytes + chunk_bytes))
 
 
 def estimate_decode_bytes(vae: nn.Module, tile_latent: tuple[int, int], batch: int,
                           dtype: torch.dtype) -> int:
     """Estimated device peak (bytes, weights excluded) of decoding one tile of
     `tile_latent` = (height, width) latent pixels for `batch` videos in `dtype`."""
-    layers, attentions = _decoder_layers(vae.decoder)
-    pixels = tile_latent[0] * tile_latent[1]
-    per_latent_pixel = (sum(layer.cache_elements() for layer in layers)
-                        + max(layer.working_elements() for layer in layers))
-    activations = per_latent_pixel * pixels
-    scores = max((2 * (area * pixels) ** 2 * frames for area, frames in attentions), default=0)
-    activation_bytes = (activations + scores) * dtype.itemsize
-    # The decoded chunk in `dtype`, then its weighted float32 image and that image's permuted copy.
-    chunk_pixels = vae.temporal_stride * pixels * vae.spatial_stride ** 2 * 3
-    chunk_bytes = chunk_pixels * (dtype.itemsize + 2 * 4)
-    return int(SAFETY_FACTOR * batch * (activation_bytes + chunk_bytes))
+    return DecodeCost(vae, batch, dtype).bytes(*tile_latent)
 
 
-def auto_tile_size(vae: nn.Module, latent_shape, budget_bytes: int,
-                   dtype: torch.dtype) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The largest tile whose estimated decode peak fits `budget_bytes`, as ((tile_x, tile_y),
-    (stride_x, stride_y)) in pixels, multiples of the VAE's spatial stride.
+def plan_budget_tiles(vae: nn.Module, latent_shape, budget_bytes: int, dtype: torch.dtype,
+                      overlap: int = DEFAULT_OVERLAP) -> TileGrid:
+    """The tile grid that decodes the fewest pixels while each tile's estimated peak fits
+    `budget_bytes` (device memory for the decode besides the VAE's weights).
 
-    `budget_bytes` is device memory for the decode besides the VAE's weights. Tiles grow square
-    until they reach the frame's height or width, then along the other side only; strides keep the
-    default tile/stride ratio. A frame that fits in one tile gets that tile (an untiled decode).
+    Tiles are of one size per grid, spread evenly, neighbours overlapping by `overlap` pixels
+    (rounded up to whole latent pixels). Overlap is decoded twice, so the work of a grid is the
+    sum of its tiles' areas; among grids of equal work the one with fewer tiles wins. A frame
+    that fits as a whole is one tile: the untiled decode.
     """
     shape = tuple(latent_shape)
-    if len(shape) != 5 or any(not isinstance(n, int) or n <= 0 for n in shape):
+    if len(shape) != 5 or any(isinstance(n, bool) or not isinstance(n, int) or n <= 0
+                              for n in shape):
         raise ValueError(f"latent_shape: expected [B, C, T, h, w] of positive sizes, got {shape}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) \
             or not budget_bytes > 0:
         raise ValueError(f"budget_bytes: expected a positive number of bytes, got {budget_bytes!r}")
+    if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap <= 0:
+        raise ValueError(f"overlap: expected a positive whole number of pixels, got {overlap!r}")
     batch, _, _, height, width = shape
     scale = vae.spatial_stride
-    for size in range(max(height, width, _MIN_TILE), _MIN_TILE - 1, -1):
-        tile_y, tile_x = max(min(size, height), _MIN_TILE), max(min(size, width), _MIN_TILE)
-        if estimate_decode_bytes(vae, (tile_y, tile_x), batch, dtype) <= budget_bytes:
-            break
-    else:
-        smallest = estimate_decode_bytes(vae, (_MIN_TILE, _MIN_TILE), batch, dtype)
+    overlap_latent = -(-overlap // scale)
+    cost = DecodeCost(vae, batch, dtype)
+    best = None  # (work, tile count, rows, cols)
+    for rows in _tile_counts(height, overlap_latent):
+        tile_h = even_spans(height, rows, overlap_latent)[0].size
+        for cols in _tile_counts(width, overlap_latent):
+            tile_w = even_spans(width, cols, overlap_latent)[0].size
+            if cost.bytes(tile_h, tile_w) > budget_bytes:
+                continue
+            candidate = (rows * tile_h * cols * tile_w, rows * cols, rows, cols)
+            best = candidate if best is None else min(best, candidate)
+            break  # more columns of the same rows only add work
+    if best is None:
+        smallest = cost.bytes(2 * overlap_latent + 1, 2 * overlap_latent + 1)
         raise ValueError(f"budget_bytes: {budget_bytes} bytes cannot hold even the smallest tile "
-                         f"({_MIN_TILE * scale} px, about {smallest} bytes)")
-    stride_x = _default_stride(tile_x, DEFAULT_STRIDE[0] / DEFAULT_TILE[0])
-    stride_y = _default_stride(tile_y, DEFAULT_STRIDE[1] / DEFAULT_TILE[1])
-    return (tile_x * scale, tile_y * scale), (stride_x * scale, stride_y * scale)
+                         f"that overlaps its neighbours by {overlap} px (about {smallest} bytes); "
+                         f"raise the budget or lower the overlap")
+    _, _, rows, cols = best
+    return plan_even_tiles(height, width, scale, rows, cols, overlap_latent)
 
 
-def _default_stride(tile: int, ratio: float) -> int:
-    return min(max(int(tile * ratio), 1), tile - 1)
+def _tile_counts(size: int, overlap: int) -> list[int]:
+    """The tile counts along an axis of `size` latent pixels that even_spans can lay out."""
+    counts = []
+    for count in range(1, size + 1):
+        try:
+            even_spans(size, count, overlap)
+        except ValueError:
+            continue
+        counts.append(count)
+    return counts
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -337,6 +390,10 @@ def _check_latent(vae: nn.Module, latent) -> None:
         raise ValueError(f"latent: expected floating-point values, got {latent.dtype}")
     if min(latent.shape) == 0:
         raise ValueError(f"latent: is empty ({list(latent.shape)})")
+
+
+def _decode_dtype(vae: nn.Module) -> torch.dtype:
+    return next(vae.parameters()).dtype
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -117,6 +117,20 @@ def axis_spans(size: int, tile: int, stride: int) -> tuple[Span, ...]:
     return tuple(Span(start, start + tile) for start in starts)
 
 
+def even_spans(size: int, count: int, overlap: int) -> tuple[Span, ...]:
+    """`count` spans of one size covering [0, size), neighbours overlapping by at least `overlap`
+    (by `overlap` or one more, as the rounding falls). Raises ValueError when `count` such spans
+    do not fit: each must be longer than the overlap, and each must start after the previous."""
+    if count == 1:
+        return (Span(0, size),)
+    tile = -(-(size + (count - 1) * overlap) // count)
+    if tile <= overlap or size - tile < count - 1:
+        raise ValueError(f"{count} tiles overlapping by {overlap} do not fit in {size}")
+    # Integer steps of floor or ceil((size - tile) / (count - 1)), never more than tile - overlap.
+    starts = [i * (size - tile) // (count - 1) for i in range(count)]
+    return tuple(Span(start, start + tile) for start in starts)
+
+
 def _ramp(length: int, fade_in: int, fade_out: int) -> torch.Tensor:
     """Weight 1 over `length` pixels, rising linearly over the first `fade_in` and falling over
     the last `fade_out`. Ramp values are k/(n+1), never 0: a tile's border pixels still count,
@@ -174,6 +188,14 @@ def plan_tiles(height: int, width: int, scale: int, tile: tuple[int, int] = (272
     tile_y, stride_y = latent_tile_and_stride(tile[1], stride[1], scale, "y")
     return _grid(height, width, scale, axis_spans(height, tile_y, stride_y),
                  axis_spans(width, tile_x, stride_x))
+
+
+def plan_even_tiles(height: int, width: int, scale: int, rows: int, cols: int,
+                    overlap: int) -> TileGrid:
+    """`rows` x `cols` tiles of one size over a latent plane of `height` x `width`, neighbours
+    overlapping by `overlap` latent pixels (see even_spans)."""
+    return _grid(height, width, scale, even_spans(height, rows, overlap),
+                 even_spans(width, cols, overlap))
 
 
 def single_tile(height: int, width: int, scale: int) -> TileGrid:

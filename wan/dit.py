@@ -432,8 +432,20 @@ def compiled_block_forward():
     by rounding only, since the fused kernels skip intermediate roundings."""
     global _COMPILED_BLOCK_FORWARD
     if _COMPILED_BLOCK_FORWARD is None:
+        _raise_recompile_limit(COMPILED_GRAPHS_KEPT)
         _COMPILED_BLOCK_FORWARD = torch.compile(WanBlock.forward, dynamic=False)
     return _COMPILED_BLOCK_FORWARD
+
+
+# Every video size, timestep form (TI2V per-frame or not) and weight format gets its own graph of
+# the shared block forward; past dynamo's default of 8, later ones would run eager, unannounced.
+COMPILED_GRAPHS_KEPT = 64
+
+
+def _raise_recompile_limit(limit: int) -> None:
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), limit))
 
 
 def is_block_linear(key: str) -> bool:

@@ -18,7 +18,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import av
 import numpy as np
 import torch
 
@@ -51,6 +50,7 @@ def save_mp4(frames, path: str | Path, fps: float = 16, crf: int = DEFAULT_CRF,
 
 def read_mp4(path: str | Path) -> tuple[torch.Tensor, float]:
     """All frames of the first video stream as uint8 RGB [F,H,W,3], and the frame rate."""
+    av = _av()
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         rate = stream.average_rate or stream.guessed_rate or stream.base_rate
@@ -63,6 +63,12 @@ def read_mp4(path: str | Path) -> tuple[torch.Tensor, float]:
 # -- numbered names ----------------------------------------------------------------------------
 
 _numbering_lock = threading.Lock()
+
+
+def _av():
+    """PyAV, imported where video is read or written: the codec libraries load only then."""
+    import av
+    return av
 
 
 def next_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Path:
@@ -96,6 +102,7 @@ def next_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Path
 def _encode(frames: Iterator[np.ndarray], temp: Path, rate: Fraction, crf: int,
             encoder: str) -> None:
     # faststart moves the index to the front so browsers (ComfyUI's preview) play while loading.
+    av = _av()
     with av.open(str(temp), mode="w", format="mp4",
                  options={"movflags": "+faststart"}) as container:
         stream = None
@@ -138,6 +145,7 @@ def _set_quality(stream, encoder: str, crf: int, pixels_per_second: float) -> No
 def default_h264_encoder() -> str:
     """The first H.264 encoder of H264_ENCODERS that this PyAV build has and that opens here
     (hardware encoders are compiled in even where their hardware is absent)."""
+    av = _av()
     for name in H264_ENCODERS:
         try:
             context = av.CodecContext.create(name, "w")

@@ -6,7 +6,7 @@
 out=${1:?usage: run_peer_gpu.sh OUT_DIR [--case ...] [--repeats N]}; shift
 mkdir -p "$out"
 . bench/gpu_env.sh
-python3 -c "import torch, diffusers; print('torch', torch.__version__, 'diffusers',
+python3 -c "import torch, diffusers; from diffusers import AutoencoderKLWan, WanTransformer3DModel; print('torch', torch.__version__, 'diffusers',
   diffusers.__version__, torch.cuda.get_device_name())" || exit 1
 python3 -m pytest -q -p no:cacheprovider tests/test_peer_mapping.py 2>&1 | tail -2
 python3 bench/peer_diffusers.py --out "$out" "$@" 2>&1 | grep -v "^|"

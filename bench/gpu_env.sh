@@ -2,6 +2,7 @@
 # checkout (a link named after the package) and installs carried wheels (.whl/) if present.
 # The wheels must match the machine's Python (cp312 on the H100 machines); when they do not
 # install, this says so and goes on: only the diffusers rows need them.
+rm -rf /tmp/site  # a fresh install: left-over wheels of an earlier call would shadow these
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl \

@@ -103,7 +103,20 @@ class CausalConv3d(nn.Conv3d):
             parts.insert(0, x.new_zeros(x.shape[0], x.shape[1], missing, *x.shape[3:]))
         stream = torch.cat(parts, dim=2)
         cache.keep(self, stream[:, :, -self.history_frames:])
+        if self.fold_single_frame and stream.shape[2] == self.kernel_size[0]:
+            return self._one_frame(stream)
         return super().forward(stream)
+
+    # One output frame (the decoder runs frame by frame): the kernel covers all input frames, so
+    # the 3D convolution is a 2D one over frames folded into channels, on views of the same
+    # memory. cuDNN's 2D kernels run this faster than its 3D ones.
+    fold_single_frame = True
+
+    def _one_frame(self, stream: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = stream.shape
+        weight = self.weight.view(self.out_channels, c * t, *self.kernel_size[1:])
+        out = F.conv2d(stream.view(b, c * t, h, w), weight, self.bias, padding=self.padding[1:])
+        return out.unsqueeze(2)
 
 
 class FrameConv2d(nn.Conv2d):

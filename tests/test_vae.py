@@ -16,7 +16,7 @@ from wan_enhanced.conformance.run_vae import build_model, run
 from wan_enhanced.wan.latent_format import WAN21_LATENT, WAN22_LATENT, normalise_latent
 from wan_enhanced.wan.vae21 import WanVAE21
 from wan_enhanced.wan.vae22 import WanVAE22
-from wan_enhanced.wan.vae_blocks import CausalCache, CausalConv3d, run_frame_by_frame
+from wan_enhanced.wan.vae_blocks import CausalCache, CausalConv3d
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 KEY_MANIFESTS = Path(__file__).parent / "data" / "key_manifests.json"
@@ -127,44 +127,6 @@ def test_decode_frames_streams_one_then_four_frames_and_concatenates_to_decode(m
     chunks = list(model.decode_frames(mu))
     assert [c.shape[2] for c in chunks] == [1] + [4] * (mu.shape[2] - 1)
     assert torch.equal(torch.cat(chunks, dim=2), model.decode(mu))
-
-
-def decode_whole_chunks(vae, mu: torch.Tensor) -> torch.Tensor:
-    """The decoder run on whole chunks: every layer sees all frames of a latent frame at once."""
-    x = vae.conv2(mu)
-    cache, chunks = CausalCache(), []
-    for t in range(x.shape[2]):
-        cache.begin_chunk()
-        h = vae.decoder.middle(vae.decoder.conv1(x[:, :, t:t + 1], cache), cache)
-        for layer in vae.decoder.frame_layers():
-            h = layer(h, cache)
-        chunks.append(h)
-    return torch.cat(chunks, dim=2)
-
-
-def test_frame_by_frame_decoding_equals_whole_chunks(model, video):
-    mu = model.encode(video)
-    with torch.no_grad():
-        whole = decode_whole_chunks(model, mu)
-    assert whole.shape[2] == 1 + 4 * (mu.shape[2] - 1)
-    assert rel(model.decode(mu), whole) < 1e-6
-
-
-def test_frame_by_frame_runs_layers_once_per_frame_after_the_split():
-    calls = []
-
-    def layer(name, frames_out):
-        def run(x, cache):
-            calls.append((name, x.shape[2]))
-            return x.repeat_interleave(frames_out, dim=2) if frames_out > 1 else x + 1
-        return run
-
-    layers = [layer("a", 1), layer("up", 2), layer("b", 1), layer("up2", 2), layer("c", 1)]
-    x = torch.zeros(1, 1, 1, 2, 2)
-    out = list(run_frame_by_frame(layers, x, CausalCache()))
-    assert [o.shape[2] for o in out] == [1, 1, 1, 1]
-    assert [name for name, _ in calls] == ["a", "up", "b", "up2", "c", "c", "b", "up2", "c", "c"]
-    assert all(frames == 1 for _, frames in calls)
 
 
 # --- reduced precision -------------------------------------------------------------------------

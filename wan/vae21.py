@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from .vae_blocks import (CausalCache, CausalConv3d, CausalVideoVAE, Downsample, FrameAttention,
-                         MiddleStack, OutputHead, ResidualBlock, Upsample, run_frame_by_frame)
+                         MiddleStack, OutputHead, ResidualBlock, Upsample)
 
 
 class Encoder21(nn.Module):
@@ -80,14 +80,12 @@ class Decoder21(nn.Module):
 
         self.head = OutputHead(widths[-1], 3)
 
-    def frame_layers(self) -> list:
-        """The layers after the middle stack, in running order (see run_frame_by_frame)."""
-        return [*self.upsamples, self.head]
-
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         x = self.conv1(x, cache)
         x = self.middle(x, cache)
-        return torch.cat(list(run_frame_by_frame(self.frame_layers(), x, cache)), dim=2)
+        for layer in self.upsamples:
+            x = layer(x, cache)
+        return self.head(x, cache)
 
 
 class WanVAE21(CausalVideoVAE):

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .vae_blocks import (CausalCache, CausalConv3d, CausalVideoVAE, Downsample, MiddleStack,
-                         OutputHead, ResidualBlock, Upsample, run_frame_by_frame)
+                         OutputHead, ResidualBlock, Upsample)
 
 
 def fold_pixels(video: torch.Tensor, patch: int) -> torch.Tensor:
@@ -187,15 +187,12 @@ class Decoder22(nn.Module):
             for stage, (width_in, width_out) in enumerate(zip(widths[:-1], widths[1:])))
         self.head = OutputHead(widths[-1], 3 * patch_size ** 2)
 
-    def frame_layers(self) -> list:
-        """The layers after the middle stack, in running order (see run_frame_by_frame)."""
-        return [*self.upsamples, self.head,
-                lambda x, cache: unfold_pixels(x, self.patch_size)]
-
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         x = self.conv1(x, cache)
         x = self.middle(x, cache)
-        return torch.cat(list(run_frame_by_frame(self.frame_layers(), x, cache)), dim=2)
+        for stage in self.upsamples:
+            x = stage(x, cache)
+        return unfold_pixels(self.head(x, cache), self.patch_size)
 
 
 class WanVAE22(CausalVideoVAE):

@@ -6,17 +6,13 @@ time carries the frames it needs into the next chunk. Those frames live in a `Ca
 encode/decode create for one call and hand down the forward calls; the modules hold nothing but
 their parameters, so nothing survives a call and repeated runs cannot grow memory.
 
-Inside a decoder chunk the temporal upsamplers turn one frame into four; from there on the layers
-run one frame at a time (`run_frame_by_frame`), so the high-resolution activations are those of
-a single frame.
-
 Attribute names and the positions inside `residual`, `resample` and `head` are the key names of
 the official checkpoints, so their state dicts load strictly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
@@ -61,25 +57,6 @@ class CausalCache:
         self._frames[layer] = frames.clone()
 
 
-def run_frame_by_frame(layers: Sequence[Callable], x: torch.Tensor,
-                       cache: CausalCache) -> Iterator[torch.Tensor]:
-    """Runs `x` through `layers` (each called as layer(x, cache)) and yields the output.
-
-    As soon as `x` holds several frames, the remaining layers run on one frame at a time, in frame
-    order, and the outputs are yielded frame by frame. This computes the same values: every layer
-    is causal in time and carries its history in `cache`, so it cannot tell a chunk of frames from
-    the same frames fed one by one. Each layer sees a quarter of the frames at the resolutions
-    where activations are largest.
-    """
-    for index, layer in enumerate(layers):
-        if x.shape[2] > 1:
-            for frame in x.split(1, dim=2):
-                yield from run_frame_by_frame(layers[index:], frame, cache)
-            return
-        x = layer(x, cache)
-    yield x
-
-
 class CausalConv3d(nn.Conv3d):
     """3D convolution that looks only backwards in time.
 
@@ -103,20 +80,7 @@ class CausalConv3d(nn.Conv3d):
             parts.insert(0, x.new_zeros(x.shape[0], x.shape[1], missing, *x.shape[3:]))
         stream = torch.cat(parts, dim=2)
         cache.keep(self, stream[:, :, -self.history_frames:])
-        if self.fold_single_frame and stream.shape[2] == self.kernel_size[0]:
-            return self._one_frame(stream)
         return super().forward(stream)
-
-    # One output frame (the decoder runs frame by frame): the kernel covers all input frames, so
-    # the 3D convolution is a 2D one over frames folded into channels, on views of the same
-    # memory. cuDNN's 2D kernels run this faster than its 3D ones.
-    fold_single_frame = True
-
-    def _one_frame(self, stream: torch.Tensor) -> torch.Tensor:
-        b, c, t, h, w = stream.shape
-        weight = self.weight.view(self.out_channels, c * t, *self.kernel_size[1:])
-        out = F.conv2d(stream.view(b, c * t, h, w), weight, self.bias, padding=self.padding[1:])
-        return out.unsqueeze(2)
 
 
 class FrameConv2d(nn.Conv2d):
@@ -291,8 +255,7 @@ class CausalVideoVAE(nn.Module):
     """encode / decode around a causal encoder and decoder: chunking, caches, dtype and device.
 
     Subclasses build `encoder(chunk, cache)`, which maps a chunk of RGB frames to the 2*z_dim
-    moments, and `decoder(latent_frame, cache)`, which maps one latent frame to RGB frames
-    (running its upsampled part frame by frame, see run_frame_by_frame).
+    moments, and `decoder(latent_frame, cache)`, which maps one latent frame to RGB frames.
     Outputs come in the parameter dtype on the parameter device.
     """
 

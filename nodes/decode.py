@@ -1,4 +1,4 @@
-"""The tiled decode node (with a plain untiled mode)."""
+"""The tiled decode node: tiles from a memory budget (auto), from a tile size, or none."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ class WanTiledDecode:
             "tile_y": ("INT", {"default": 272, **pixels}),
             "stride_x": ("INT", {"default": 144, **pixels}),
             "stride_y": ("INT", {"default": 128, **pixels}),
-            "mode": (["tiled", "untiled", "auto"], {"default": "tiled", "tooltip":
+            "mode": (["auto", "tiled", "untiled"], {"default": "auto", "tooltip":
                      "tiled: the tile and stride above; untiled: the whole frame at once; "
                      "auto: the grid of least work whose tiles fit vram_budget_gb"}),
         }, "optional": {
-            "vram_budget_gb": ("FLOAT", {"default": 2.0, "min": 0.0, "max": 1024.0, "step": 0.25,
+            "vram_budget_gb": ("FLOAT", {"default": 3.0, "min": 0.0, "max": 1024.0, "step": 0.25,
                                          "tooltip": "auto: device memory for the decode besides "
                                                     "the VAE's weights; 0 uses what the device "
                                                     "has free"}),
@@ -36,7 +36,7 @@ class WanTiledDecode:
     FUNCTION = "run"
     CATEGORY = CATEGORY
 
-    def run(self, vae, latent, tile_x, tile_y, stride_x, stride_y, mode, vram_budget_gb=2.0,
+    def run(self, vae, latent, tile_x, tile_y, stride_x, stride_y, mode, vram_budget_gb=3.0,
             overlap=64, unique_id=None):
         memory_event("decode starts", "decode", unique_id)
         bar = None

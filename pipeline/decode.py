@@ -30,8 +30,8 @@ def check_latent_for_vae(vae: WanVAEHandle, latent, field: str = "latent") -> to
 DECODE_MODES = ("tiled", "untiled", "auto")
 
 
-def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "tiled", tile=(272, 272),
-           stride=(144, 128), budget_gb: float = 2.0, overlap: int = 64, device=None,
+def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 272),
+           stride=(144, 128), budget_gb: float = 3.0, overlap: int = 64, device=None,
            progress=None) -> torch.Tensor:
     """IMAGE frames [B*F, H, W, 3] float32 in 0..1 on the CPU.
 

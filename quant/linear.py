@@ -57,6 +57,11 @@ class QuantizedLinear(nn.Module):
         """`linear` quantized (on its device; a meta layer gives a meta layer to load into)."""
         module = cls(linear.in_features, linear.out_features, linear.bias is not None,
                      compute_dtype, device="meta", **options)
+        if linear.weight.is_meta:
+            # The constructor's state already has the right shapes and dtypes. Quantizing meta
+            # tensors would only repeat that, and it makes torch import its Python meta kernels
+            # (torch._dynamo, sympy: about 70 MiB per process).
+            return module
         codes, scales = quantize_weight(linear.weight.detach(), cls.fmt)
         bias = None if linear.bias is None else linear.bias.detach().to(compute_dtype)
         module.assign(codes, scales, bias)

@@ -7,6 +7,8 @@ largest code, so each row uses the whole code range whatever the spread between 
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +20,11 @@ _SMALLEST_SCALE = torch.finfo(torch.float32).tiny
 # Weights are quantized this many elements at a time, so the float32 working copy of even the
 # largest matrix (14B FFN: 70M elements) stays small next to the model while it loads.
 _LOAD_CHUNK_ELEMENTS = 1 << 22
+
+# Python maps anonymous memory shared by default; private memory is what it is, the process's
+# own (RssAnon on Linux, not RssShmem). Windows has no such flags.
+_PRIVATE = ({"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_PRIVATE")
+            else {})
 
 
 @dataclass(frozen=True)
@@ -52,21 +59,58 @@ def quantize_weight(weight: torch.Tensor, fmt: RowFormat,
                     stored_scales: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """A [out, in] matrix as codes [out, in] and float32 scales [out], a few rows at a time
-    (on the device the weight is on; on the meta device it only shapes the result).
+    (on the device the weight is on), with the same bits as the whole matrix at once.
     stored_scales: float32 [out] that the stored values are multiplied by first (a file's
     quantized weights in another format)."""
     out_features = weight.shape[0]
     codes = torch.empty(weight.shape, dtype=fmt.dtype, device=weight.device)
     scales = torch.empty(out_features, dtype=torch.float32, device=weight.device)
     step = max(1, _LOAD_CHUNK_ELEMENTS // max(1, weight[0].numel()))
+    scratch = _scratch(weight, min(step, out_features))
     for start in range(0, out_features, step):
-        rows = weight[start:start + step].float()
+        stop = min(start + step, out_features)
+        rows = scratch[:stop - start]
+        rows.copy_(weight[start:stop])
         if stored_scales is not None:
-            rows = rows * stored_scales[start:start + step, None]
-        row_scales = fmt.scales(rows)
-        codes[start:start + step] = fmt.encode(rows, row_scales)
-        scales[start:start + step] = row_scales[:, 0]
+            rows.mul_(stored_scales[start:stop, None])
+        _quantize_chunk(rows, fmt, codes[start:stop], scales[start:stop])
     return codes, scales
+
+
+def _scratch(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """The float32 working copy of `rows` rows of `weight`, reused for every chunk: one
+    allocation per matrix instead of several per chunk. On the CPU it is an anonymous memory
+    mapping of its own, unmapped when the tensor is freed."""
+    shape = (rows, *weight.shape[1:])
+    count = math.prod(shape)
+    if weight.device.type != "cpu" or count == 0:
+        return torch.empty(shape, dtype=torch.float32, device=weight.device)
+    # From the C heap, the freed 9-16 MiB copy of each matrix leaves a hole between the codes
+    # allocated around it, which later allocations fill only in part: glibc kept 0.4-0.7x the
+    # model as free heap after a load. A mapping goes back to the kernel as soon as it is freed.
+    mapping = mmap.mmap(-1, count * 4, **_PRIVATE)
+    return torch.frombuffer(mapping, dtype=torch.float32, count=count).view(shape)
+
+
+def _quantize_chunk(rows: torch.Tensor, fmt: RowFormat, codes: torch.Tensor,
+                    scales: torch.Tensor) -> None:
+    """Fill `codes` and `scales` with rows' codes and scales, overwriting the float32 `rows`
+    in place (the same operations as RowFormat.scales and RowFormat.encode, so the same bits)."""
+    row_scales = _row_scales(rows, fmt)
+    rows.div_(row_scales)
+    if fmt.rounds:
+        rows.round_()
+    rows.clamp_(-fmt.max_code, fmt.max_code)
+    codes.copy_(rows)  # the cast of .to(fmt.dtype), written straight into the result
+    scales.copy_(row_scales[:, 0])
+
+
+def _row_scales(rows: torch.Tensor, fmt: RowFormat) -> torch.Tensor:
+    """RowFormat.scales without the full-size abs() copy: a row's largest magnitude is the
+    larger of -min and max (exact, so the same value)."""
+    low, high = torch.aminmax(rows, dim=-1, keepdim=True)
+    amax = torch.maximum(low.neg_(), high)
+    return (amax / fmt.max_code).clamp_min(_SMALLEST_SCALE)
 
 
 def dequantize_weight(codes: torch.Tensor, scales: torch.Tensor,

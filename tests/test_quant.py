@@ -124,6 +124,96 @@ def test_chunked_quantization_equals_whole_matrix(monkeypatch):
     assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
 
 
+def reference_quantize(weight, fmt, stored_scales=None):
+    """Whole-matrix per-row quantization written out plainly."""
+    rows = weight.float()
+    if stored_scales is not None:
+        rows = rows * stored_scales[:, None]
+    amax = rows.abs().amax(dim=1, keepdim=True)
+    scales = (amax / fmt.max_code).clamp_min(torch.finfo(torch.float32).tiny)
+    scaled = rows / scales
+    if fmt.rounds:
+        scaled = scaled.round()
+    return scaled.clamp(-fmt.max_code, fmt.max_code).to(fmt.dtype), scales[:, 0]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+
+
+@pytest.mark.parametrize("fmt", [FP8, INT8], ids=["fp8", "int8"])
+@pytest.mark.parametrize("chunk_rows", [None, 1, 3, 10])
+def test_chunked_quantization_equals_reference_bit_for_bit(fmt, chunk_rows, monkeypatch):
+    """Odd shapes, chunks that leave a remainder, bf16 and float32 inputs, with and without a
+    file's scales: the same codes and scales as the whole-matrix computation."""
+    gen = torch.Generator().manual_seed(3)
+    for rows, cols in [(1, 1), (2, 3), (31, 7), (97, 161), (130, 517)]:
+        if chunk_rows is not None:
+            monkeypatch.setattr("wan_enhanced.quant.rowwise._LOAD_CHUNK_ELEMENTS",
+                                chunk_rows * cols + cols // 2)
+        weight = torch.randn(rows, cols, generator=gen) * torch.logspace(-3, 3, rows)[:, None]
+        weight[rows // 2] = 0
+        stored = torch.rand(rows, generator=gen) * 4 + 0.01
+        for dtype in (torch.float32, torch.bfloat16):
+            for stored_scales in (None, stored):
+                codes, scales = quantize_weight(weight.to(dtype), fmt, stored_scales)
+                ref_codes, ref_scales = reference_quantize(weight.to(dtype), fmt, stored_scales)
+                assert same_bits(codes, ref_codes), (rows, cols, dtype)
+                assert same_bits(scales, ref_scales), (rows, cols, dtype)
+
+
+def test_quantization_reuses_one_working_copy(monkeypatch):
+    """The float32 working copy is allocated once per matrix, not once per chunk: freeing a
+    chunk-size buffer after every chunk leaves the C heap fragmented after a load."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows, cols, chunk_rows = 96, 160, 8
+    monkeypatch.setattr("wan_enhanced.quant.rowwise._LOAD_CHUNK_ELEMENTS", chunk_rows * cols)
+    weight = spread_matrix(rows, cols).bfloat16()
+    for fmt in (FP8, INT8):
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            quantize_weight(weight, fmt, torch.ones(rows))  # the codes are freed at once
+        sizes = [abs(e.cpu_memory_usage) for e in prof.events() if e.name == "[memory]"]
+        assert rows * cols in sizes  # the profiler sees the codes tensor
+        # at most one allocation and its release (on the CPU it is mapped, not allocated)
+        assert sizes.count(chunk_rows * cols * 4) <= 2
+
+
+def test_empty_quantized_layers_on_meta_import_no_compiler():
+    """Building the meta model's quantized layers quantizes nothing, so torch does not import
+    its Python meta kernels (torch._dynamo, sympy: about 70 MiB per process)."""
+    import subprocess
+
+    code = ("import sys, torch\n"
+            "import wan_enhanced.pipeline.loading\n"
+            "from wan_enhanced.checkpoints import tiny\n"
+            "from wan_enhanced.quant import quantize_block_linears, quantized_layers\n"
+            "from wan_enhanced.wan.dit import WanDiT\n"
+            "assert 'torch._dynamo' not in sys.modules\n"
+            "for name, dtype in (('fp8_e4m3fn', torch.float8_e4m3fn), ('int8', torch.int8)):\n"
+            "    with torch.device('meta'):\n"
+            "        model = quantize_block_linears(WanDiT(tiny.TINY_DIT['t2v']), name)\n"
+            "    layer = next(iter(quantized_layers(model).values()))\n"
+            "    assert layer.weight.is_meta and layer.weight.dtype == dtype\n"
+            "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3fn", "int8_dynamic"])
+def test_meta_layer_state_has_the_layer_shapes_and_dtypes(name):
+    with torch.device("meta"):
+        linear = torch.nn.Linear(96, 80)
+    layer = SCHEMES[name].quantize(linear)
+    expected = {"weight": (SCHEMES[name].storage_dtype, (80, 96)),
+                "weight_scale": (torch.float32, (80,)), "bias": (torch.bfloat16, (80,))}
+    assert {k: (v.dtype, tuple(v.shape)) for k, v in layer.named_parameters()} == expected
+    assert all(v.is_meta and not v.requires_grad for v in layer.parameters())
+
+
 def test_activation_scales_are_per_token():
     x = activations(3, 5, 64)
     x[1, 2] = 0

@@ -21,8 +21,9 @@ _SMALLEST_SCALE = torch.finfo(torch.float32).tiny
 # largest matrix (14B FFN: 70M elements) stays small next to the model while it loads.
 _LOAD_CHUNK_ELEMENTS = 1 << 22
 
-# Python maps anonymous memory shared by default; private memory is what it is, the process's
-# own (RssAnon on Linux, not RssShmem). Windows has no such flags.
+# Python's anonymous mappings are shared by default, which Linux counts as shared memory
+# (RssShmem). The working copy is the process's own, so it is mapped private (RssAnon).
+# Windows has no such flags.
 _PRIVATE = ({"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_PRIVATE")
             else {})
 

@@ -81,16 +81,6 @@ def proc_status() -> dict[str, int]:
     return values
 
 
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux 4.0+); False where the kernel refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def file_mappings(path: Path) -> list[tuple[int, int]]:
     """Address ranges of this process's mappings of `path`."""
     target = str(path.resolve())
@@ -193,10 +183,11 @@ def child_load(path: Path, weight_dtype: str) -> dict:
     import torch  # noqa: F401  (part of the baseline)
 
     from wan_enhanced.pipeline import loading
+    from wan_enhanced.profiling.snapshot import reset_rss_peak
 
     gc.collect()
     baseline = proc_status()
-    hwm_reset = reset_peak_rss()
+    hwm_reset = reset_rss_peak()
     with PeakSampler() as sampler:
         start = time.perf_counter()
         handle = loading.load_model(path, weight_dtype, "sdpa", False, False)

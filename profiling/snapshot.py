@@ -192,3 +192,31 @@ def _visible_devices() -> list[str]:
 
 
 NVML = NvmlReader()
+
+
+def reset_rss_peak() -> bool:
+    """Linux resets the VmHWM high-water mark when "5" is written to clear_refs."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_peak() -> int | None:
+    """This process's peak resident memory in bytes (VmHWM, or getrusage where /proc is absent)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+        import sys
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+    except (ImportError, OSError):
+        return None

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .. import host
+from ..profiling.snapshot import reset_rss_peak, rss_peak
 from .workflow import (Issue, Registry, ValidatedWorkflow, WorkflowError, is_link, node_title,
                        validate)
 
@@ -379,7 +380,7 @@ class _PeakMeter:
     def __init__(self):
         if _cuda_in_use():
             torch.cuda.reset_peak_memory_stats()
-        self.rss_reset = _reset_rss_peak()
+        self.rss_reset = reset_rss_peak()
         self.log, self.next_event = _event_log_position()
 
     def read(self) -> MemoryPeak:
@@ -390,7 +391,7 @@ class _PeakMeter:
         for event in _events_since(self.log, self.next_event):
             allocated = _larger(allocated, event.get("peak_allocated_bytes"))
             reserved = _larger(reserved, event.get("peak_reserved_bytes"))
-        return MemoryPeak(allocated, reserved, _rss_peak(), not self.rss_reset)
+        return MemoryPeak(allocated, reserved, rss_peak(), not self.rss_reset)
 
 
 def _event_log_position():
@@ -423,30 +424,3 @@ def _larger(a: int | None, b) -> int | None:
 def _cuda_in_use() -> bool:
     # is_initialized: never create a CUDA context just to measure a CPU run
     return torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
-def _reset_rss_peak() -> bool:
-    """Linux resets the VmHWM high-water mark when "5" is written to clear_refs."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _rss_peak() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import resource
-        import sys
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024
-    except (ImportError, OSError):
-        return None

@@ -63,8 +63,8 @@ import torch
 from wan_enhanced.atomic_files import write_atomically
 from wan_enhanced.checkpoints.tiny import (TINY_VAE, _diffusers_config_json,
                                            dit_ours_to_diffusers, vae_ours_to_diffusers)
-from wan_enhanced.vae_tiling.decode import (decode_to_images, estimate_decode_bytes,
-                                            plan_budget_tiles)
+from wan_enhanced.vae_tiling.budget import estimate_decode_bytes, plan_budget_tiles
+from wan_enhanced.vae_tiling.decode import decode_to_images
 from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig
 from wan_enhanced.wan.dit import WanDiT, keeps_float32
 from wan_enhanced.wan.latent_format import WAN21_LATENT, WAN22_LATENT

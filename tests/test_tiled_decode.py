@@ -11,8 +11,8 @@ import torch.nn as nn
 
 from wan_enhanced.checkpoints.tiny import TINY_VAE, random_vae_state
 from wan_enhanced.vae_tiling import decode as decode_module
-from wan_enhanced.vae_tiling.decode import (DecodeCost, decode_to_images,
-                                            estimate_decode_bytes, plan_budget_tiles)
+from wan_enhanced.vae_tiling.budget import DecodeCost, estimate_decode_bytes, plan_budget_tiles
+from wan_enhanced.vae_tiling.decode import decode_to_images
 from wan_enhanced.vae_tiling.tiles import (Span, axis_spans, axis_weights, even_spans,
                                            latent_tile_and_stride, plan_even_tiles, plan_tiles)
 from wan_enhanced.wan.vae21 import WanVAE21

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .. import host
@@ -56,11 +58,50 @@ def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 27
         try:
             plan_grid(vae.model, samples.shape, tiled=tiled, tile=tile, stride=stride,
                       budget_bytes=budget, overlap=overlap)
-        except ValueError as error:
-            raise InputError(str(error)) from None
-        return decode_to_images(vae.model, samples, tiled=tiled, tile=tile, stride=stride,
-                                budget_bytes=budget, overlap=overlap, device=device,
-                                progress=progress, check_interrupt=host.check_interrupt)
+        except ValueError as error:  # named as the node's field
+            raise InputError(str(error).replace("budget_bytes:", "vram_budget_gb:", 1)) from None
+
+        def run(budget_bytes):
+            return decode_to_images(vae.model, samples, tiled=tiled, tile=tile, stride=stride,
+                                    budget_bytes=budget_bytes, overlap=overlap, device=device,
+                                    progress=progress, check_interrupt=host.check_interrupt)
+
+        if budget is None:
+            return run(None)
+        host.make_room(budget, device)  # the host's own models leave room for the budget
+        return decode_within_budget(run, vae.model, samples.shape, budget, overlap, device)
+
+
+# A budget the device cannot hold after all (other programs, fragmentation) is halved and the
+# decode run again, this many times, before the out-of-memory error goes to the user.
+OOM_RETRIES = 3
+
+
+def decode_within_budget(run, model, latent_shape, budget: int, overlap: int,
+                         device: torch.device) -> torch.Tensor:
+    """run(budget) with smaller budgets after out-of-memory errors (decode_to_images leaves
+    nothing allocated when it fails, so a retry starts from the same memory)."""
+    for attempt in range(OOM_RETRIES + 1):
+        try:
+            return run(budget)
+        except torch.cuda.OutOfMemoryError:
+            smaller = budget // 2
+            if attempt == OOM_RETRIES or not _plannable(model, latent_shape, smaller, overlap):
+                raise
+        # Out of the except block, so the error and what its traceback holds are gone.
+        host.release_cached_memory()
+        warnings.warn(f"Wan Tiled Decode: out of device memory with a {budget / (1 << 30):.2f} "
+                      f"GiB budget on {device}; decoding again with {smaller / (1 << 30):.2f} "
+                      f"GiB", stacklevel=2)
+        budget = smaller
+
+
+def _plannable(model, latent_shape, budget: int, overlap: int) -> bool:
+    try:
+        plan_grid(model, latent_shape, budget_bytes=budget, overlap=overlap)
+    except ValueError:
+        return False
+    return True
 
 
 # Left free of a budget taken from free memory: allocator rounding and other streams' work.

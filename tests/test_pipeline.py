@@ -153,7 +153,7 @@ def test_decode_modes_of_the_decode_node(headless):
     # on the CPU, 0 ("what the device has free") means no limit: untiled
     (free,) = decode(vae_handle, latent, 32, 32, 16, 16, "auto", vram_budget_gb=0.0)
     assert torch.equal(free, untiled)
-    with pytest.raises(NodeInputError, match="Wan Tiled Decode: budget_bytes: .*cannot hold"):
+    with pytest.raises(NodeInputError, match="Wan Tiled Decode: vram_budget_gb: .*cannot hold"):
         decode(vae_handle, latent, 32, 32, 16, 16, "auto", vram_budget_gb=1e-7)
     with pytest.raises(NodeInputError, match="Wan Tiled Decode: stride_x: must be smaller"):
         decode(vae_handle, latent, 32, 32, 48, 16, "tiled")
@@ -161,6 +161,46 @@ def test_decode_modes_of_the_decode_node(headless):
         decode(vae_handle, latent, 32, 32, 16, 16, "auto", vram_budget_gb=-1.0)
     with pytest.raises(NodeInputError, match="Wan Tiled Decode: mode"):
         decode(vae_handle, latent, 32, 32, 16, 16, "fast")
+
+
+def test_auto_decode_halves_its_budget_after_out_of_memory(headless, monkeypatch):
+    from wan_enhanced.pipeline import decode as decode_stage
+
+    _, vae21 = NAMES["t2v"]
+    (vae_handle,) = node("VAELoader").load(vae21, "fp32")
+    latent = {"samples": torch.randn(1, 16, 2, 6, 8, generator=torch.Generator().manual_seed(3))}
+    (expected,) = node("TiledDecode").run(vae_handle, latent, 32, 32, 16, 16, "auto",
+                                          vram_budget_gb=0.004, overlap=16)
+    real_decode, budgets = decode_stage.decode_to_images, []
+
+    def short_of_memory(failures):
+        def fake(*args, budget_bytes=None, **kwargs):
+            budgets.append(budget_bytes)
+            if len(budgets) <= failures:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+            return real_decode(*args, budget_bytes=budget_bytes, **kwargs)
+        return fake
+
+    start = int(0.016 * (1 << 30))
+    monkeypatch.setattr(decode_stage, "decode_to_images", short_of_memory(2))
+    with pytest.warns(UserWarning, match="out of device memory .* decoding again"):
+        (images,) = node("TiledDecode").run(vae_handle, latent, 32, 32, 16, 16, "auto",
+                                            vram_budget_gb=0.016, overlap=16)
+    assert budgets == [start, start // 2, start // 4]
+    assert torch.equal(images, expected)  # what a first try at a quarter of the budget gives
+    # it gives up after OOM_RETRIES smaller budgets ...
+    budgets.clear()
+    monkeypatch.setattr(decode_stage, "decode_to_images", short_of_memory(99))
+    with pytest.raises(torch.cuda.OutOfMemoryError), pytest.warns(UserWarning):
+        node("TiledDecode").run(vae_handle, latent, 32, 32, 16, 16, "auto",
+                                vram_budget_gb=0.016, overlap=16)
+    assert budgets == [start >> k for k in range(decode_stage.OOM_RETRIES + 1)]
+    # ... or at once when half the budget cannot hold a grid
+    budgets.clear()
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        node("TiledDecode").run(vae_handle, latent, 32, 32, 16, 16, "auto",
+                                vram_budget_gb=0.002, overlap=16)
+    assert budgets == [int(0.002 * (1 << 30))]
 
 
 def test_unwritable_output_leaves_nothing(headless):

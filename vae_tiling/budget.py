@@ -157,9 +157,10 @@ def plan_budget_tiles(vae: nn.Module, latent_shape, budget_bytes: int, dtype: to
     overlap_latent = -(-overlap // scale)
     cost = DecodeCost(vae, batch, dtype)
     best = None  # (work, tile count, rows, cols)
-    for rows in _tile_counts(height, overlap_latent):
+    row_counts, col_counts = _tile_counts(height, overlap_latent), _tile_counts(width, overlap_latent)
+    for rows in row_counts:
         tile_h = even_spans(height, rows, overlap_latent)[0].size
-        for cols in _tile_counts(width, overlap_latent):
+        for cols in col_counts:
             tile_w = even_spans(width, cols, overlap_latent)[0].size
             if cost.bytes(tile_h, tile_w) > budget_bytes:
                 continue
@@ -167,7 +168,8 @@ def plan_budget_tiles(vae: nn.Module, latent_shape, budget_bytes: int, dtype: to
             best = candidate if best is None else min(best, candidate)
             break  # more columns of the same rows only add work
     if best is None:
-        smallest = cost.bytes(2 * overlap_latent + 1, 2 * overlap_latent + 1)
+        smallest = cost.bytes(even_spans(height, row_counts[-1], overlap_latent)[0].size,
+                              even_spans(width, col_counts[-1], overlap_latent)[0].size)
         raise ValueError(f"budget_bytes: {budget_bytes} bytes cannot hold even the smallest tile "
                          f"that overlaps its neighbours by {overlap} px (about {smallest} bytes); "
                          f"raise the budget or lower the overlap")

@@ -1,7 +1,7 @@
 """The node classes and their registration names. A node id never changes once released."""
 
 from .decode import WanTiledDecode
-from .latent import WanEmptyLatent
+from .latent import WanEmptyLatent, WanImageToVideoLatent
 from .loaders import WanModelLoader, WanTextEncoderLoader, WanVAELoader
 from .memory import WanMemoryProbe
 from .sampler import WanSampler
@@ -16,6 +16,7 @@ _NODES = {
     "WanEnhancedVAELoader": WanVAELoader,
     "WanEnhancedTextEncode": WanTextEncode,
     "WanEnhancedEmptyLatent": WanEmptyLatent,
+    "WanEnhancedImageToVideoLatent": WanImageToVideoLatent,
     "WanEnhancedSampler": WanSampler,
     "WanEnhancedTiledDecode": WanTiledDecode,
     "WanEnhancedMemoryProbe": WanMemoryProbe,

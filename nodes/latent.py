@@ -1,9 +1,17 @@
-"""Empty video latent node."""
+"""Latent nodes: an empty video latent, and one that starts from an image (TI2V-5B)."""
 
 from __future__ import annotations
 
 from ..pipeline.latents import empty_latent
-from .common import CATEGORY, node_errors
+from ..pipeline.start_image import image_to_video_latent
+from .common import CATEGORY, memory_event, node_errors
+
+VIDEO_SIZE = {
+    "width": ("INT", {"default": 1280, "min": 16, "max": 8192, "step": 16}),
+    "height": ("INT", {"default": 704, "min": 16, "max": 8192, "step": 16}),
+    "frames": ("INT", {"default": 121, "min": 1, "max": 4097, "step": 4, "tooltip": "4n+1 frames"}),
+    "batch": ("INT", {"default": 1, "min": 1, "max": 64}),
+}
 
 
 class WanEmptyLatent:
@@ -27,3 +35,27 @@ class WanEmptyLatent:
     def make(self, model, width, height, frames, batch):
         with node_errors(self.DISPLAY):
             return (empty_latent(model, width, height, frames, batch),)
+
+
+class WanImageToVideoLatent:
+    DISPLAY = "Wan Image to Video Latent"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("WANMODEL", {"tooltip": "a Wan2.2 TI2V-5B model"}),
+            "vae": ("WANVAE", {"tooltip": "the Wan2.2 VAE"}),
+            "start_image": ("IMAGE", {"tooltip": "the video's first frame: scaled to cover the "
+                                                 "size and centre-cropped"}),
+            **VIDEO_SIZE,
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "make"
+    CATEGORY = CATEGORY
+
+    def make(self, model, vae, start_image, width, height, frames, batch, unique_id=None):
+        with node_errors(self.DISPLAY):
+            latent = image_to_video_latent(model, vae, start_image, width, height, frames, batch)
+        memory_event("start image encoded", "image_encode", unique_id)
+        return (latent,)

@@ -72,6 +72,21 @@ def check_latent(latent, model: WanModelHandle, field: str = "latent") -> torch.
     return samples
 
 
+def check_first_frame(latent: dict, samples: torch.Tensor) -> torch.Tensor | None:
+    """The LATENT's fixed first frame (image-to-video, pipeline/start_image.py), if it has one."""
+    first = latent.get("first_frame")
+    if first is None:
+        return None
+    b, c, _, h, w = samples.shape
+    if not isinstance(first, torch.Tensor) or first.dim() != 5 or first.shape[2] != 1 \
+            or tuple(first.shape[i] for i in (1, 3, 4)) != (c, h, w) \
+            or first.shape[0] not in (1, b):
+        shape = list(first.shape) if isinstance(first, torch.Tensor) else type(first).__name__
+        raise InputError(f"latent: its first_frame {shape} does not fit its samples "
+                         f"{list(samples.shape)}; expected [{b}, {c}, 1, {h}, {w}]")
+    return first
+
+
 def schedule_for(settings: SamplerSettings):
     """`steps` model steps; with denoise < 1 they cover the last part of a longer schedule of
     steps / denoise steps, as ComfyUI's samplers do."""
@@ -97,6 +112,7 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     """Denoise `latent` and return a new LATENT (CPU, float32, raw VAE space)."""
     device = torch.device(device) if device is not None else host.compute_device()
     clean = check_latent(latent, model)
+    first_frame = check_first_frame(latent, clean)
     width = model.config.text_dim
     cond = conditioning_rows(positive, "positive", width)
     uncond = conditioning_rows(negative, "negative", width) if settings.cfg != 1 or (
@@ -141,6 +157,7 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
             selector, start.to(device), make_solver(settings.scheduler, schedule),
             cond.to(device, torch.float32),
             uncond=None if uncond is None else uncond.to(device, torch.float32),
+            first_frame=None if first_frame is None else fmt.normalise(first_frame).to(device),
             callback=step_done, interrupt=host.check_interrupt)
         out = fmt.denormalise(result).to("cpu")
         del result

@@ -203,6 +203,82 @@ def test_auto_decode_halves_its_budget_after_out_of_memory(headless, monkeypatch
     assert budgets == [int(0.002 * (1 << 30))]
 
 
+def test_fit_image_covers_and_centre_crops():
+    from wan_enhanced.pipeline.start_image import fit_image
+
+    columns = torch.arange(8, dtype=torch.float32) / 7
+    image = columns.view(1, 1, 8, 1).expand(1, 4, 8, 3)  # 4 high, 8 wide
+    fitted = fit_image(image, width=4, height=4)
+    assert fitted.shape == (1, 3, 4, 4)
+    assert torch.equal(fitted[0, 0, 0], columns[2:6] * 2 - 1)  # the middle four columns
+    # a small image is scaled up to cover the size: values stay within the image's range
+    up = fit_image(torch.rand(2, 3, 5, 3), width=32, height=16)
+    assert up.shape == (2, 3, 16, 32) and up.min() >= -1 and up.max() <= 1
+
+
+def test_image_to_video_keeps_the_start_image_as_frame_zero(headless, monkeypatch):
+    dit, vae22 = NAMES["ti2v"]
+    (model,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (vae_handle,) = node("VAELoader").load(vae22, "fp32")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    pos, neg = node("TextEncode").encode(encoder, "a red fox in the snow", "blurry")
+    image = torch.rand(1, 40, 70, 3, generator=torch.Generator().manual_seed(5))
+    (latent,) = node("ImageToVideoLatent").make(model, vae_handle, image, 64, 32, 9, 2)
+    first = latent["first_frame"]
+    assert latent["samples"].shape == (2, 48, 3, 2, 4) and first.shape == (2, 48, 1, 2, 4)
+    from wan_enhanced.pipeline.start_image import fit_image
+    expected = vae_handle.model.encode(fit_image(image, 64, 32).unsqueeze(2))
+    assert torch.allclose(first[:1], expected, atol=1e-6) and torch.equal(first[0], first[1])
+
+    seen = []
+    original = model.model.forward
+
+    def spy(x, t, *args, **kwargs):
+        seen.append(t.clone())
+        return original(x, t, *args, **kwargs)
+
+    monkeypatch.setattr(model.model, "forward", spy)
+    (sampled,) = node("Sampler").run(model, pos, neg, latent, seed=7, steps=3, cfg=4.0,
+                                     shift=5.0, scheduler="unipc", denoise=1.0)
+    out = sampled["samples"]
+    assert torch.allclose(out[:, :, :1], first, rtol=1e-5, atol=1e-5)  # frame 0 is the image
+    assert not torch.allclose(out[:, :, 1:], torch.zeros_like(out[:, :, 1:]))
+    assert seen and all(t.shape == (2, 3) and bool((t[:, 0] == 0).all())
+                        and bool((t[:, 1:] > 0).all()) for t in seen)
+    # the same latent without its first frame samples frame 0 too
+    monkeypatch.setattr(model.model, "forward", original)
+    (plain,) = node("Sampler").run(model, pos, neg, {"samples": latent["samples"]}, seed=7,
+                                   steps=3, cfg=4.0, shift=5.0, scheduler="unipc", denoise=1.0)
+    assert not torch.allclose(plain["samples"][:, :, :1], first, atol=1e-3)
+
+
+def test_image_to_video_refuses_what_does_not_fit(headless):
+    dit21, vae21 = NAMES["t2v"]
+    dit22, vae22 = NAMES["ti2v"]
+    (t2v,) = node("ModelLoader").load(dit21, "fp32", "sdpa")
+    (ti2v,) = node("ModelLoader").load(dit22, "fp32", "sdpa")
+    (v21,) = node("VAELoader").load(vae21, "fp32")
+    (v22,) = node("VAELoader").load(vae22, "fp32")
+    image = torch.rand(1, 32, 32, 3)
+    make = node("ImageToVideoLatent").make
+    with pytest.raises(NodeInputError, match="Wan Image to Video Latent: model: .*not a Wan2.2 "
+                                             "TI2V model"):
+        make(t2v, v22, image, 64, 32, 9, 1)
+    with pytest.raises(NodeInputError, match="vae: .*Wan2.1 VAE"):
+        make(ti2v, v21, image, 64, 32, 9, 1)
+    with pytest.raises(NodeInputError, match="start_image: expected an IMAGE"):
+        make(ti2v, v22, torch.rand(32, 32, 3), 64, 32, 9, 1)
+    with pytest.raises(NodeInputError, match="start_image: 2 images for a batch of 3"):
+        make(ti2v, v22, torch.rand(2, 32, 32, 3), 64, 32, 9, 3)
+    with pytest.raises(NodeInputError, match="frames 8 is not of the form 4n\\+1"):
+        make(ti2v, v22, image, 64, 32, 8, 1)
+    (latent,) = make(ti2v, v22, image, 64, 32, 9, 1)
+    latent["first_frame"] = latent["first_frame"][:, :, :, :1]
+    good = [[torch.zeros(1, 512, 4096), {}]]
+    with pytest.raises(NodeInputError, match="Wan Sampler: latent: its first_frame"):
+        node("Sampler").run(ti2v, good, good, latent, 0, 2, 5.0, 5.0, "unipc", 1.0)
+
+
 def test_unwritable_output_leaves_nothing(headless):
     headless.parent.mkdir(parents=True, exist_ok=True)
     headless.write_text("a file where the output folder should be")

@@ -27,6 +27,8 @@ TINY_DIT = {
     "t2v": DiTConfig(name="tiny-t2v", **_TINY),
     "ti2v": DiTConfig(name="tiny-ti2v", in_dim=48, out_dim=48, **_TINY),
     "i2v": DiTConfig(name="tiny-i2v", in_dim=36, image_embedding=True, image_dim=64, **_TINY),
+    # Wan2.2 I2V-A14B layout: image conditioning channels, no CLIP image embedding
+    "i2v_a14b": DiTConfig(name="tiny-i2v-a14b", in_dim=36, **_TINY),
 }
 TINY_VAE = {"vae21": {"dim": 8, "z_dim": 16}, "vae22": {"dim": 8, "dec_dim": 12, "z_dim": 48}}
 TINY_T5 = {"vocab_size": 256, "dim": 64, "dim_attn": 64, "dim_ffn": 128, "num_heads": 4,

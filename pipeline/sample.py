@@ -87,6 +87,30 @@ def check_first_frame(latent: dict, samples: torch.Tensor) -> torch.Tensor | Non
     return first
 
 
+def check_image_condition(latent: dict, samples: torch.Tensor,
+                          model: WanModelHandle) -> torch.Tensor | None:
+    """The channels an image-to-video model takes beside the latent (pipeline/start_image.py):
+    present exactly when the model has input channels for them."""
+    wanted = model.config.in_dim - samples.shape[1]
+    condition = latent.get("image_condition")
+    if wanted == 0:
+        if condition is not None:
+            raise InputError(f"latent: it carries a start image for an image-to-video model; "
+                             f"{model.name} takes none")
+        return None
+    if condition is None:
+        raise InputError(f"latent: {model.name} is an image-to-video model; give it the LATENT "
+                         f"of Wan Image to Video Latent (its start image)")
+    b, _, t, h, w = samples.shape
+    if not isinstance(condition, torch.Tensor) or condition.dim() != 5 \
+            or tuple(condition.shape[1:]) != (wanted, t, h, w) or condition.shape[0] not in (1, b):
+        shape = list(condition.shape) if isinstance(condition, torch.Tensor) else \
+            type(condition).__name__
+        raise InputError(f"latent: its image_condition {shape} does not fit {model.name}; "
+                         f"expected [{b}, {wanted}, {t}, {h}, {w}]")
+    return condition.expand(b, -1, -1, -1, -1)
+
+
 def schedule_for(settings: SamplerSettings):
     """`steps` model steps; with denoise < 1 they cover the last part of a longer schedule of
     steps / denoise steps, as ComfyUI's samplers do."""
@@ -99,10 +123,10 @@ def schedule_for(settings: SamplerSettings):
     return full.tail(total - settings.steps) if total > settings.steps else full
 
 
-def _dit_fn(handle: WanModelHandle, placement: DiTPlacement):
+def _dit_fn(handle: WanModelHandle, placement: DiTPlacement, y: torch.Tensor | None = None):
     def forward(x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        return handle.model(x, t, context, attention=handle.attention, compiled=handle.compile,
-                            blocks=placement.blocks(handle))
+        return handle.model(x, t, context, y=y, attention=handle.attention,
+                            compiled=handle.compile, blocks=placement.blocks(handle))
     return forward
 
 
@@ -113,6 +137,7 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     device = torch.device(device) if device is not None else host.compute_device()
     clean = check_latent(latent, model)
     first_frame = check_first_frame(latent, clean)
+    condition = check_image_condition(latent, clean, model)
     width = model.config.text_dim
     cond = conditioning_rows(positive, "positive", width)
     uncond = conditioning_rows(negative, "negative", width) if settings.cfg != 1 or (
@@ -135,15 +160,16 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
         start = noise
     del noise
 
+    y = None if condition is None else condition.to(device, torch.float32)
     with DevicePlacement(device) as placement, DiTPlacement(
             placement, settings.block_swap, settings.prefetch_blocks) as dit_placement:
         if low_noise_model is None:
             dit_placement.place(model)
-            selector = SingleModel(_dit_fn(model, dit_placement), settings.cfg)
+            selector = SingleModel(_dit_fn(model, dit_placement, y), settings.cfg)
         else:
             handles = {"high_noise": model, "low_noise": low_noise_model}
             selector = ExpertPair(
-                _dit_fn(model, dit_placement), _dit_fn(low_noise_model, dit_placement),
+                _dit_fn(model, dit_placement, y), _dit_fn(low_noise_model, dit_placement, y),
                 settings.boundary,
                 (settings.cfg if settings.cfg_low_noise is None else settings.cfg_low_noise,
                  settings.cfg),

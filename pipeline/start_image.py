@@ -1,10 +1,17 @@
-"""Image-to-video with Wan2.2 TI2V-5B: a start image as the video's fixed first latent frame.
+"""Image-to-video: a start image as the video's first frame, in the form each model takes it.
 
 The image is scaled to cover the video size and centre-cropped (as ComfyUI's "center" crop
-does), encoded by the Wan2.2 VAE as a one-frame video, and carried in the LATENT as
-"first_frame" (raw VAE space, like "samples"). The sampler keeps that frame fixed: it is written
-into latent frame 0 before every model call and the model sees t = 0 for it, which is how the
-model was trained to take an image (sampling/loop.py, `first_frame`).
+does), then
+- for Wan2.2 TI2V-5B, encoded by the Wan2.2 VAE as a one-frame video and carried in the LATENT as
+  "first_frame" (raw VAE space, like "samples"). The sampler keeps that frame fixed: it is
+  written into latent frame 0 before every model call and the model sees t = 0 for it
+  (sampling/loop.py, `first_frame`);
+- for the Wan2.2 I2V-A14B experts (36 input channels, no CLIP image tokens), made into a video of
+  the image followed by mid-grey frames, encoded by the Wan2.1 VAE and normalised, and carried as
+  "image_condition" [B, 20, T, h, w]: 4 mask channels (1 on latent frame 0, the frames the image
+  gives) then the 16 latent channels. The sampler concatenates it to the model input at every
+  step, as the official pipeline does.
+Wan2.1 I2V-14B also needs CLIP image tokens, which this package does not compute yet.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from .handles import WanModelHandle, WanVAEHandle
 from .latents import empty_latent
 from .placement import DevicePlacement
 from .sample import InputError
+
+IMAGE_CONDITION_CHANNELS = 20  # 4 mask channels and 16 latent channels
+VAE_NAMES = {"vae21": "Wan2.1 VAE", "vae22": "Wan2.2 VAE"}
 
 
 def fit_image(image: torch.Tensor, width: int, height: int) -> torch.Tensor:
@@ -48,29 +58,58 @@ def check_start_image(image, batch: int) -> torch.Tensor:
 
 def image_to_video_latent(model: WanModelHandle, vae: WanVAEHandle, image, width: int,
                           height: int, frames: int, batch: int = 1, device=None) -> dict:
-    """A LATENT for a video whose first frame is `image`: zero "samples" as empty_latent makes
-    them, plus "first_frame" [batch, 48, 1, h, w], the encoded image (raw VAE space, CPU)."""
-    if model.latent_channels != 48:
-        raise InputError(f"model: {model.name} is not a Wan2.2 TI2V model; a start image as the "
-                         f"first frame is how TI2V-5B takes an image (Wan2.1 and A14B models "
-                         f"have image-to-video checkpoints of their own)")
-    if vae.kind != "vae22":
-        raise InputError(f"vae: {vae.name} is a Wan2.1 VAE; TI2V-5B latents come from the "
-                         f"Wan2.2 VAE")
+    """A LATENT for a video that starts with `image`: zero "samples" as empty_latent makes
+    them, plus "first_frame" (TI2V-5B) or "image_condition" (I2V-A14B); see the module text."""
+    config = model.config
+    if config.image_embedding:
+        raise InputError(f"model: {model.name} is a Wan2.1 image-to-video model, which also needs "
+                         f"CLIP image tokens; this package does not compute those yet (Wan2.2 "
+                         f"TI2V-5B and I2V-A14B take a start image without them)")
+    conditioned = config.in_dim - model.latent_channels == IMAGE_CONDITION_CHANNELS
+    if model.latent_channels != 48 and not conditioned:
+        raise InputError(f"model: {model.name} is a text-to-video model; a start image needs "
+                         f"Wan2.2 TI2V-5B or a Wan2.2 I2V-A14B expert")
+    if vae.kind != model.vae_kind:
+        raise InputError(f"vae: {vae.name} is a {VAE_NAMES[vae.kind]}; {model.name} works with "
+                         f"the {VAE_NAMES[model.vae_kind]}")
     latent = empty_latent(model, width, height, frames, batch)
     image = check_start_image(image, batch)
-    pixels = fit_image(image, width, height)  # [N, 3, height, width]
+    pixels = fit_image(image, width, height).unsqueeze(2)  # [N, 3, 1, height, width]
+    if conditioned:
+        # the image, then mid-grey (0 in -1..1) for every frame still to be made
+        pixels = torch.cat([pixels, pixels.new_zeros(*pixels.shape[:2], frames - 1,
+                                                     *pixels.shape[3:])], dim=2)
+    encoded = _encode(vae, pixels, device)
+    if encoded.shape[0] != batch:
+        encoded = encoded.expand(batch, *encoded.shape[1:]).clone()
+    samples = latent["samples"]
+    expected = (batch, samples.shape[1], samples.shape[2] if conditioned else 1,
+                *samples.shape[3:])
+    if tuple(encoded.shape) != expected:
+        raise InputError(f"vae: {vae.name} encodes {width}x{height} to {list(encoded.shape)}, "
+                         f"which does not fit the model's latent {list(samples.shape)}")
+    if conditioned:
+        latent["image_condition"] = torch.cat(
+            [first_frame_mask(encoded), model.latent_format.normalise(encoded)], dim=1)
+    else:
+        latent["first_frame"] = encoded
+    return latent
+
+
+def first_frame_mask(latent: torch.Tensor) -> torch.Tensor:
+    """[B, 4, T, h, w]: 1 on latent frame 0 (the four channels stand for the up to four video
+    frames a latent frame covers; frame 0 covers the image alone), 0 on the frames to make."""
+    b, _, t, h, w = latent.shape
+    mask = torch.zeros(b, 4, t, h, w, dtype=torch.float32)
+    mask[:, :, 0] = 1.0
+    return mask
+
+
+def _encode(vae: WanVAEHandle, pixels: torch.Tensor, device) -> torch.Tensor:
+    """Raw mu of a [N, 3, F, H, W] video in -1..1, float32 on the CPU."""
     device = torch.device(device) if device is not None else host.compute_device()
     with DevicePlacement(device) as placement:
         placement.place(vae.model)
         weight = next(vae.model.parameters())
-        video = pixels.unsqueeze(2).to(device=weight.device, dtype=weight.dtype)
-        first = vae.model.encode(video).to("cpu", torch.float32)
-    if first.shape[0] != batch:
-        first = first.expand(batch, -1, -1, -1, -1).clone()
-    expected = (batch, 48, 1, *latent["samples"].shape[3:])
-    if tuple(first.shape) != expected:  # a VAE of another stride than the model's
-        raise InputError(f"vae: {vae.name} encodes {width}x{height} to {list(first.shape)}, "
-                         f"not the model's latent {list(expected)}")
-    latent["first_frame"] = first
-    return latent
+        return vae.model.encode(pixels.to(device=weight.device, dtype=weight.dtype)).to(
+            "cpu", torch.float32)

@@ -14,7 +14,8 @@ from wan_enhanced.nodes.common import NodeInputError
 from wan_enhanced.pipeline.video_io import read_mp4
 
 NAMES = {"ti2v": ("tiny_ti2v.safetensors", "tiny_vae22.safetensors"),
-         "t2v": ("tiny_t2v.safetensors", "tiny_vae21.safetensors")}
+         "t2v": ("tiny_t2v.safetensors", "tiny_vae21.safetensors"),
+         "i2v_a14b": ("tiny_i2v_a14b.safetensors", "tiny_vae21.safetensors")}
 TE = "tiny_umt5.safetensors"
 
 
@@ -261,8 +262,8 @@ def test_image_to_video_refuses_what_does_not_fit(headless):
     (v22,) = node("VAELoader").load(vae22, "fp32")
     image = torch.rand(1, 32, 32, 3)
     make = node("ImageToVideoLatent").make
-    with pytest.raises(NodeInputError, match="Wan Image to Video Latent: model: .*not a Wan2.2 "
-                                             "TI2V model"):
+    with pytest.raises(NodeInputError, match="Wan Image to Video Latent: model: .*is a "
+                                             "text-to-video model"):
         make(t2v, v22, image, 64, 32, 9, 1)
     with pytest.raises(NodeInputError, match="vae: .*Wan2.1 VAE"):
         make(ti2v, v21, image, 64, 32, 9, 1)
@@ -277,6 +278,54 @@ def test_image_to_video_refuses_what_does_not_fit(headless):
     good = [[torch.zeros(1, 512, 4096), {}]]
     with pytest.raises(NodeInputError, match="Wan Sampler: latent: its first_frame"):
         node("Sampler").run(ti2v, good, good, latent, 0, 2, 5.0, 5.0, "unipc", 1.0)
+
+
+def test_i2v_a14b_takes_the_image_as_conditioning_channels(headless, monkeypatch):
+    from wan_enhanced.pipeline.start_image import fit_image
+    from wan_enhanced.wan.latent_format import WAN21_LATENT
+
+    dit, vae21 = NAMES["i2v_a14b"]
+    (high,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (low,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (vae_handle,) = node("VAELoader").load(vae21, "fp32")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    pos, neg = node("TextEncode").encode(encoder, "a red fox in the snow", "blurry")
+    image = torch.rand(1, 30, 50, 3, generator=torch.Generator().manual_seed(6))
+    (latent,) = node("ImageToVideoLatent").make(high, vae_handle, image, 48, 32, 9, 1)
+    condition = latent["image_condition"]
+    assert latent["samples"].shape == (1, 16, 3, 4, 6) and "first_frame" not in latent
+    assert condition.shape == (1, 20, 3, 4, 6)
+    mask, image_latent = condition[:, :4], condition[:, 4:]
+    assert bool((mask[:, :, 0] == 1).all()) and bool((mask[:, :, 1:] == 0).all())
+    pixels = fit_image(image, 48, 32).unsqueeze(2)
+    video = torch.cat([pixels, torch.zeros(1, 3, 8, 32, 48)], dim=2)  # then mid-grey frames
+    expected = WAN21_LATENT.normalise(vae_handle.model.encode(video))
+    assert torch.allclose(image_latent, expected, atol=1e-5)
+
+    seen = []
+    for name, handle in (("high", high), ("low", low)):
+        original = handle.model.forward
+
+        def spy(x, t, context, *args, _name=name, _original=original, **kwargs):
+            seen.append((_name, kwargs["y"]))
+            return _original(x, t, context, *args, **kwargs)
+
+        monkeypatch.setattr(handle.model, "forward", spy)
+    (sampled,) = node("Sampler").run(high, pos, neg, latent, seed=3, steps=4, cfg=3.0, shift=5.0,
+                                     scheduler="euler", denoise=1.0, low_noise_model=low,
+                                     boundary=0.9)
+    assert {name for name, _ in seen} == {"high", "low"}
+    assert all(torch.equal(y, condition) for _, y in seen)
+    assert sampled["samples"].shape == (1, 16, 3, 4, 6)
+    assert torch.isfinite(sampled["samples"]).all()
+    good = [[torch.zeros(1, 512, 4096), {}]]
+    with pytest.raises(NodeInputError, match="is an image-to-video model; give it the LATENT of "
+                                             "Wan Image to Video Latent"):
+        node("Sampler").run(high, good, good, {"samples": latent["samples"]}, 0, 2, 5.0, 5.0,
+                            "unipc", 1.0)
+    (t2v,) = node("ModelLoader").load(NAMES["t2v"][0], "fp32", "sdpa")
+    with pytest.raises(NodeInputError, match="carries a start image .* takes none"):
+        node("Sampler").run(t2v, good, good, latent, 0, 2, 5.0, 5.0, "unipc", 1.0)
 
 
 def test_unwritable_output_leaves_nothing(headless):

@@ -28,9 +28,10 @@ class WanSampler:
             "denoise": ("FLOAT", {"default": 1.0, "min": 0.01, "max": 1.0, "step": 0.01}),
         }, "optional": {
             "low_noise_model": ("WANMODEL", {"tooltip": "Wan2.2 A14B low-noise expert"}),
-            "boundary": ("FLOAT", {"default": 0.875, "min": 0.0, "max": 1.0, "step": 0.005,
+            "boundary": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 1.0, "step": 0.005,
                                    "tooltip": "A14B: the high-noise expert runs while "
-                                              "t >= boundary * 1000 (T2V 0.875, I2V 0.9)"}),
+                                              "t >= boundary * 1000; -1 uses the pair's own "
+                                              "(T2V 0.875, I2V 0.9)"}),
             "cfg_low_noise": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 100.0,
                                         "step": 0.1, "tooltip": "A14B: guidance of the "
                                         "low-noise expert; -1 uses cfg"}),
@@ -49,10 +50,11 @@ class WanSampler:
     CATEGORY = CATEGORY
 
     def run(self, model, positive, negative, latent, seed, steps, cfg, shift, scheduler,
-            denoise, low_noise_model=None, boundary=0.875, cfg_low_noise=-1.0, block_swap=0,
+            denoise, low_noise_model=None, boundary=-1.0, cfg_low_noise=-1.0, block_swap=0,
             prefetch_blocks=1, unique_id=None):
         settings = SamplerSettings(seed=seed, steps=steps, cfg=cfg, shift=shift,
-                                   scheduler=scheduler, denoise=denoise, boundary=boundary,
+                                   scheduler=scheduler, denoise=denoise,
+                                   boundary=None if boundary < 0 else boundary,
                                    cfg_low_noise=None if cfg_low_noise < 0 else cfg_low_noise,
                                    block_swap=block_swap, prefetch_blocks=prefetch_blocks)
         progress = host.Progress(steps, self.DISPLAY)

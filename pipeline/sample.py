@@ -18,6 +18,7 @@ from ..sampling.experts import ExpertPair, SingleModel
 from ..sampling.loop import denoise as run_denoise
 from ..sampling.loop import make_noise, noise_latent
 from ..sampling.solvers import SOLVER_NAMES, make_schedule, make_solver
+from ..wan.configs import EXPERT_BOUNDARY
 from .handles import WanModelHandle
 from .dit_placement import DiTPlacement
 from .placement import DevicePlacement
@@ -33,8 +34,9 @@ class SamplerSettings:
     scheduler: str = "unipc"
     denoise: float = 1.0
     # Wan2.2 A14B: the low-noise expert's guidance scale (None: same as cfg) and the switch point
+    # (None: the pair's own, EXPERT_BOUNDARY: T2V 0.875, I2V 0.900)
     cfg_low_noise: float | None = None
-    boundary: float = 0.875
+    boundary: float | None = None
     # placement: the first `block_swap` DiT blocks stream from CPU memory, `prefetch_blocks`
     # copied ahead of the one computing
     block_swap: int = 0
@@ -85,6 +87,15 @@ def check_first_frame(latent: dict, samples: torch.Tensor) -> torch.Tensor | Non
         raise InputError(f"latent: its first_frame {shape} does not fit its samples "
                          f"{list(samples.shape)}; expected [{b}, {c}, 1, {h}, {w}]")
     return first
+
+
+def expert_boundary(boundary: float | None, model: WanModelHandle) -> float:
+    """The switch point of an A14B pair: as given, or the one its kind was released with (the
+    I2V experts take 20 image channels beside the 16 latent ones)."""
+    if boundary is not None:
+        return boundary
+    image_to_video = model.config.in_dim > model.latent_channels
+    return EXPERT_BOUNDARY["i2v" if image_to_video else "t2v"]
 
 
 def check_image_condition(latent: dict, samples: torch.Tensor,
@@ -170,7 +181,7 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
             handles = {"high_noise": model, "low_noise": low_noise_model}
             selector = ExpertPair(
                 _dit_fn(model, dit_placement, y), _dit_fn(low_noise_model, dit_placement, y),
-                settings.boundary,
+                expert_boundary(settings.boundary, model),
                 (settings.cfg if settings.cfg_low_noise is None else settings.cfg_low_noise,
                  settings.cfg),
                 on_switch=lambda _old, new: dit_placement.place(handles[new.name]))

@@ -326,6 +326,10 @@ def test_i2v_a14b_takes_the_image_as_conditioning_channels(headless, monkeypatch
     (t2v,) = node("ModelLoader").load(NAMES["t2v"][0], "fp32", "sdpa")
     with pytest.raises(NodeInputError, match="carries a start image .* takes none"):
         node("Sampler").run(t2v, good, good, latent, 0, 2, 5.0, 5.0, "unipc", 1.0)
+    # the switch point left at -1 is the pair's own: I2V 0.9, T2V 0.875
+    from wan_enhanced.pipeline.sample import expert_boundary
+    assert expert_boundary(None, high) == 0.9 and expert_boundary(None, t2v) == 0.875
+    assert expert_boundary(0.5, high) == 0.5
 
 
 def test_unwritable_output_leaves_nothing(headless):

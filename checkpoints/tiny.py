@@ -288,6 +288,27 @@ def write_vae(path: str | Path, component: str = "vae21", layout: str = "officia
     raise ValueError(f"unknown VAE layout {layout!r}")
 
 
+# -- CLIP vision tower (Wan2.1 image-to-video) -------------------------------------------------
+
+TINY_CLIP_VISION = dict(hidden=160, layers=3, heads=2, intermediate=320, image_size=56, patch=14)
+
+
+def write_clip_vision(path: str | Path, config: dict | None = None, seed: int = 0,
+                      dtype: torch.dtype = torch.float32) -> Path:
+    """A CLIP vision tower in the layout of ComfyUI's clip_vision_h.safetensors (vision_model.*
+    plus the unused visual_projection)."""
+    from ..wan.clip_vision import CLIPVisionConfig, CLIPVisionEncoder
+
+    with torch.device("meta"):
+        model = CLIPVisionEncoder(CLIPVisionConfig(**(config or TINY_CLIP_VISION)))
+    state = _cast(randomize(model, seed), dtype)
+    hidden = model.config.hidden
+    state["visual_projection.weight"] = torch.zeros(hidden, hidden, dtype=dtype)
+    path = Path(path)
+    _atomic_save(state, path)
+    return path
+
+
 # -- text encoder ------------------------------------------------------------------------------
 
 def random_t5_state(config: dict | None = None, seed: int = 0):

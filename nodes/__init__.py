@@ -2,7 +2,7 @@
 
 from .decode import WanTiledDecode
 from .latent import WanEmptyLatent, WanImageToVideoLatent
-from .loaders import WanModelLoader, WanTextEncoderLoader, WanVAELoader
+from .loaders import WanCLIPVisionLoader, WanModelLoader, WanTextEncoderLoader, WanVAELoader
 from .memory import WanMemoryProbe
 from .sampler import WanSampler
 from .text import WanTextEncode
@@ -14,6 +14,7 @@ _NODES = {
     "WanEnhancedModelLoader": WanModelLoader,
     "WanEnhancedTextEncoderLoader": WanTextEncoderLoader,
     "WanEnhancedVAELoader": WanVAELoader,
+    "WanEnhancedCLIPVisionLoader": WanCLIPVisionLoader,
     "WanEnhancedTextEncode": WanTextEncode,
     "WanEnhancedEmptyLatent": WanEmptyLatent,
     "WanEnhancedImageToVideoLatent": WanImageToVideoLatent,

@@ -48,14 +48,19 @@ class WanImageToVideoLatent:
             "start_image": ("IMAGE", {"tooltip": "the video's first frame: scaled to cover the "
                                                  "size and centre-cropped"}),
             **VIDEO_SIZE,
+        }, "optional": {
+            "clip_vision": ("WANCLIPVISION", {"tooltip": "Wan2.1 image-to-video models: the CLIP "
+                                                         "image encoder (clip_vision_h)"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     RETURN_TYPES = ("LATENT",)
     FUNCTION = "make"
     CATEGORY = CATEGORY
 
-    def make(self, model, vae, start_image, width, height, frames, batch, unique_id=None):
+    def make(self, model, vae, start_image, width, height, frames, batch, clip_vision=None,
+             unique_id=None):
         with node_errors(self.DISPLAY):
-            latent = image_to_video_latent(model, vae, start_image, width, height, frames, batch)
+            latent = image_to_video_latent(model, vae, start_image, width, height, frames, batch,
+                                           clip_vision=clip_vision)
         memory_event("start image encoded", "image_encode", unique_id)
         return (latent,)

@@ -30,7 +30,7 @@ def _file_choice(folder: str):
 
 def _loaded_event(handle, component: str, unique_id) -> None:
     """The load event, attributed: which component, and how much it occupies once placed."""
-    quantization = getattr(handle.info, "quantization", None)
+    quantization = getattr(getattr(handle, "info", None), "quantization", None)
     extra = {"quantization": quantization} if quantization else {}
     memory_event(f"loaded {handle.name}", "load", unique_id, component=component,
                  bytes=tensor_bytes(handle.model), dtype=_main_dtype(handle.model),
@@ -138,4 +138,31 @@ class WanVAELoader:
             handle = loading.load_vae_handle(host.resolve_model("vae", vae_name), dtype,
                                              keep_on_gpu)
         _loaded_event(handle, "vae", unique_id)
+        return (handle,)
+
+
+class WanCLIPVisionLoader:
+    DISPLAY = "Wan CLIP Vision Loader"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "clip_name": _file_choice("clip_vision"),
+            "dtype": (list(loading.DTYPES), {"default": "fp16"}),
+        }, "hidden": HIDDEN}
+
+    RETURN_TYPES = ("WANCLIPVISION",)
+    RETURN_NAMES = ("clip_vision",)
+    FUNCTION = "load"
+    CATEGORY = CATEGORY
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, clip_name):
+        return _validate_file("clip_vision", clip_name)
+
+    def load(self, clip_name, dtype, unique_id=None):
+        with node_errors(self.DISPLAY):
+            handle = loading.load_clip_vision_handle(host.resolve_model("clip_vision", clip_name),
+                                                     dtype)
+        _loaded_event(handle, "clip_vision", unique_id)
         return (handle,)

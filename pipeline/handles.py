@@ -82,3 +82,13 @@ class WanVAEHandle:
     @property
     def latent_format(self) -> LatentFormat:
         return WAN22_LATENT if self.kind == "vae22" else WAN21_LATENT
+
+
+@dataclass(eq=False)
+class WanCLIPVisionHandle:
+    model: torch.nn.Module  # CLIPVisionEncoder
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name

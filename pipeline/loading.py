@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from .. import host
+from ..checkpoints.clip_vision import load_clip_vision
 from ..checkpoints.loader import load_dit, load_text_encoder, load_vae
 from ..checkpoints.reader import CheckpointError
 from ..quant.kernels import fp8_matmul_unavailable, warn_once
@@ -14,7 +15,7 @@ from ..quant.linear import fast_fallback_message
 from ..quant.schemes import COMPUTE_DTYPE, SCHEMES
 from ..wan.attention import available_backends
 from ..wan.tokenizer import UMT5Tokenizer
-from .handles import WanModelHandle, WanTextEncoderHandle, WanVAEHandle
+from .handles import WanCLIPVisionHandle, WanModelHandle, WanTextEncoderHandle, WanVAEHandle
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -62,6 +63,10 @@ def _check_fast_fp8(weight_dtype: str) -> None:
 def load_vae_handle(path: Path, dtype: str = "bf16", keep_on_gpu: bool = False) -> WanVAEHandle:
     model, info = load_vae(path, _dtype(dtype, "dtype"))
     return WanVAEHandle(_resident(model, keep_on_gpu), info, info.component)
+
+
+def load_clip_vision_handle(path: Path, dtype: str = "fp16") -> WanCLIPVisionHandle:
+    return WanCLIPVisionHandle(load_clip_vision(path, _dtype(dtype, "dtype")), Path(path))
 
 
 def find_tokenizer(path: Path, embedded: bytes | None) -> UMT5Tokenizer:

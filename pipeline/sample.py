@@ -122,6 +122,25 @@ def check_image_condition(latent: dict, samples: torch.Tensor,
     return condition.expand(b, -1, -1, -1, -1)
 
 
+def check_clip_tokens(latent: dict, samples: torch.Tensor,
+                      model: WanModelHandle) -> torch.Tensor | None:
+    """The start image's CLIP tokens, present exactly when the model attends to them (Wan2.1
+    image-to-video)."""
+    tokens = latent.get("clip_tokens")
+    if not model.config.image_embedding:
+        return None
+    b = samples.shape[0]
+    if tokens is None:
+        raise InputError(f"latent: {model.name} also attends to the start image's CLIP tokens; "
+                         f"give Wan Image to Video Latent a clip_vision input")
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 3 \
+            or tokens.shape[2] != model.config.image_dim or tokens.shape[0] not in (1, b):
+        shape = list(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise InputError(f"latent: its clip_tokens {shape} do not fit {model.name}; expected "
+                         f"[{b}, tokens, {model.config.image_dim}]")
+    return tokens.expand(b, -1, -1)
+
+
 def schedule_for(settings: SamplerSettings):
     """`steps` model steps; with denoise < 1 they cover the last part of a longer schedule of
     steps / denoise steps, as ComfyUI's samplers do."""
@@ -134,10 +153,12 @@ def schedule_for(settings: SamplerSettings):
     return full.tail(total - settings.steps) if total > settings.steps else full
 
 
-def _dit_fn(handle: WanModelHandle, placement: DiTPlacement, y: torch.Tensor | None = None):
+def _dit_fn(handle: WanModelHandle, placement: DiTPlacement, y: torch.Tensor | None = None,
+            clip_tokens: torch.Tensor | None = None):
     def forward(x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        return handle.model(x, t, context, y=y, attention=handle.attention,
-                            compiled=handle.compile, blocks=placement.blocks(handle))
+        return handle.model(x, t, context, y=y, clip_tokens=clip_tokens,
+                            attention=handle.attention, compiled=handle.compile,
+                            blocks=placement.blocks(handle))
     return forward
 
 
@@ -149,6 +170,7 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     clean = check_latent(latent, model)
     first_frame = check_first_frame(latent, clean)
     condition = check_image_condition(latent, clean, model)
+    clip_tokens = check_clip_tokens(latent, clean, model)
     width = model.config.text_dim
     cond = conditioning_rows(positive, "positive", width)
     uncond = conditioning_rows(negative, "negative", width) if settings.cfg != 1 or (
@@ -172,15 +194,18 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     del noise
 
     y = None if condition is None else condition.to(device, torch.float32)
+    image_tokens = None if clip_tokens is None else clip_tokens.to(device, torch.float32)
     with DevicePlacement(device) as placement, DiTPlacement(
             placement, settings.block_swap, settings.prefetch_blocks) as dit_placement:
         if low_noise_model is None:
             dit_placement.place(model)
-            selector = SingleModel(_dit_fn(model, dit_placement, y), settings.cfg)
+            selector = SingleModel(_dit_fn(model, dit_placement, y, image_tokens),
+                                   settings.cfg)
         else:
             handles = {"high_noise": model, "low_noise": low_noise_model}
             selector = ExpertPair(
-                _dit_fn(model, dit_placement, y), _dit_fn(low_noise_model, dit_placement, y),
+                _dit_fn(model, dit_placement, y, image_tokens),
+                _dit_fn(low_noise_model, dit_placement, y, image_tokens),
                 expert_boundary(settings.boundary, model),
                 (settings.cfg if settings.cfg_low_noise is None else settings.cfg_low_noise,
                  settings.cfg),

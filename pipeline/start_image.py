@@ -11,7 +11,8 @@ does), then
   "image_condition" [B, 20, T, h, w]: 4 mask channels (1 on latent frame 0, the frames the image
   gives) then the 16 latent channels. The sampler concatenates it to the model input at every
   step, as the official pipeline does.
-Wan2.1 I2V-14B also needs CLIP image tokens, which this package does not compute yet.
+Wan2.1 I2V-14B takes the same conditioning channels and also attends to the image's CLIP tokens
+(wan/clip_vision.py), carried as "clip_tokens" [B, 257, 1280].
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import host
-from .handles import WanModelHandle, WanVAEHandle
+from .handles import WanCLIPVisionHandle, WanModelHandle, WanVAEHandle
 from .latents import empty_latent
 from .placement import DevicePlacement
 from .sample import InputError
@@ -57,14 +58,15 @@ def check_start_image(image, batch: int) -> torch.Tensor:
 
 
 def image_to_video_latent(model: WanModelHandle, vae: WanVAEHandle, image, width: int,
-                          height: int, frames: int, batch: int = 1, device=None) -> dict:
+                          height: int, frames: int, batch: int = 1, device=None,
+                          clip_vision: WanCLIPVisionHandle | None = None) -> dict:
     """A LATENT for a video that starts with `image`: zero "samples" as empty_latent makes
     them, plus "first_frame" (TI2V-5B) or "image_condition" (I2V-A14B); see the module text."""
     config = model.config
-    if config.image_embedding:
-        raise InputError(f"model: {model.name} is a Wan2.1 image-to-video model, which also needs "
-                         f"CLIP image tokens; this package does not compute those yet (Wan2.2 "
-                         f"TI2V-5B and I2V-A14B take a start image without them)")
+    if config.image_embedding and clip_vision is None:
+        raise InputError(f"clip_vision: {model.name} is a Wan2.1 image-to-video model, which "
+                         f"also attends to the image's CLIP tokens: connect a Wan CLIP Vision "
+                         f"Loader (clip_vision_h)")
     conditioned = config.in_dim - model.latent_channels == IMAGE_CONDITION_CHANNELS
     if model.latent_channels != 48 and not conditioned:
         raise InputError(f"model: {model.name} is a text-to-video model; a start image needs "
@@ -93,7 +95,25 @@ def image_to_video_latent(model: WanModelHandle, vae: WanVAEHandle, image, width
             [first_frame_mask(encoded), model.latent_format.normalise(encoded)], dim=1)
     else:
         latent["first_frame"] = encoded
+    if config.image_embedding:
+        latent["clip_tokens"] = clip_image_tokens(clip_vision, image, batch, config.image_dim,
+                                                  device)
     return latent
+
+
+def clip_image_tokens(clip_vision: WanCLIPVisionHandle, image: torch.Tensor, batch: int,
+                      width: int, device) -> torch.Tensor:
+    """[batch, tokens, width] CLIP tokens of the start image (float32, CPU)."""
+    encoder = clip_vision.model
+    if encoder.config.hidden != width:
+        raise InputError(f"clip_vision: {clip_vision.name} makes {encoder.config.hidden}-wide "
+                         f"tokens; the model takes {width}-wide ones (ViT-H/14, clip_vision_h)")
+    device = torch.device(device) if device is not None else host.compute_device()
+    with DevicePlacement(device) as placement:
+        placement.place(encoder)
+        pixels = encoder.preprocess(image).to(device)
+        tokens = encoder(pixels).to("cpu", torch.float32)
+    return tokens.expand(batch, -1, -1).clone() if tokens.shape[0] != batch else tokens
 
 
 def first_frame_mask(latent: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,11 @@ from wan_enhanced.pipeline.video_io import read_mp4
 
 NAMES = {"ti2v": ("tiny_ti2v.safetensors", "tiny_vae22.safetensors"),
          "t2v": ("tiny_t2v.safetensors", "tiny_vae21.safetensors"),
-         "i2v_a14b": ("tiny_i2v_a14b.safetensors", "tiny_vae21.safetensors")}
+         "i2v_a14b": ("tiny_i2v_a14b.safetensors", "tiny_vae21.safetensors"),
+         "i2v": ("tiny_i2v.safetensors", "tiny_vae21.safetensors")}
+CLIP = "tiny_clip_vision_h.safetensors"
+# the tiny Wan2.1 I2V DiT takes 64-wide image tokens
+TINY_CLIP = dict(hidden=64, layers=2, heads=1, intermediate=128, image_size=28, patch=14)
 TE = "tiny_umt5.safetensors"
 
 
@@ -24,6 +28,8 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     for kind, (dit, vae) in NAMES.items():
         tiny.write_models_folder(root, dit_name=dit, vae_name=vae, text_encoder_name=TE, kind=kind)
+    (root / "clip_vision").mkdir()
+    tiny.write_clip_vision(root / "clip_vision" / CLIP, TINY_CLIP)
     return root
 
 
@@ -330,6 +336,40 @@ def test_i2v_a14b_takes_the_image_as_conditioning_channels(headless, monkeypatch
     from wan_enhanced.pipeline.sample import expert_boundary
     assert expert_boundary(None, high) == 0.9 and expert_boundary(None, t2v) == 0.875
     assert expert_boundary(0.5, high) == 0.5
+
+
+def test_wan21_i2v_attends_to_the_start_image_clip_tokens(headless, monkeypatch):
+    dit, vae21 = NAMES["i2v"]
+    (model,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (vae_handle,) = node("VAELoader").load(vae21, "fp32")
+    (clip,) = node("CLIPVisionLoader").load(CLIP, "fp32")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    pos, neg = node("TextEncode").encode(encoder, "a red fox in the snow", "blurry")
+    image = torch.rand(1, 30, 50, 3, generator=torch.Generator().manual_seed(8))
+    make = node("ImageToVideoLatent").make
+    with pytest.raises(NodeInputError, match="clip_vision: .*Wan2.1 image-to-video model"):
+        make(model, vae_handle, image, 48, 32, 5, 2)
+    (latent,) = make(model, vae_handle, image, 48, 32, 5, 2, clip_vision=clip)
+    tokens = latent["clip_tokens"]
+    expected = clip.model(clip.model.preprocess(image))
+    assert tokens.shape == (2, 5, 64) and torch.allclose(tokens[1:], expected, atol=1e-6)
+    assert latent["image_condition"].shape == (2, 20, 2, 4, 6)
+
+    seen = []
+    original = model.model.forward
+
+    def spy(x, t, context, *args, **kwargs):
+        seen.append(kwargs["clip_tokens"])
+        return original(x, t, context, *args, **kwargs)
+
+    monkeypatch.setattr(model.model, "forward", spy)
+    (sampled,) = node("Sampler").run(model, pos, neg, latent, seed=1, steps=2, cfg=3.0,
+                                     shift=5.0, scheduler="unipc", denoise=1.0)
+    assert len(seen) == 4 and all(torch.equal(t, tokens) for t in seen)  # cond and uncond
+    assert torch.isfinite(sampled["samples"]).all()
+    without = {k: v for k, v in latent.items() if k != "clip_tokens"}
+    with pytest.raises(NodeInputError, match="also attends to the start image's CLIP tokens"):
+        node("Sampler").run(model, pos, neg, without, 1, 2, 3.0, 5.0, "unipc", 1.0)
 
 
 def test_unwritable_output_leaves_nothing(headless):

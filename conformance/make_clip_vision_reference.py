@@ -1,5 +1,6 @@
 """Writes tests/data/clip_vision_reference.safetensors: a tiny CLIP vision tower computed by
-transformers' CLIPVisionModel, the reference for wan/clip_vision.py (the layout of ComfyUI's clip_vision_h).
+transformers' CLIPVisionModel, the reference for wan/clip_vision.py (in the layout of ComfyUI's
+clip_vision_h).
 
     python -m wan_enhanced.conformance.make_clip_vision_reference OUT.safetensors
 

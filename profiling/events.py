@@ -47,9 +47,9 @@ Peaks: the log owns torch's peak counters. After each event it calls
 torch.cuda.reset_peak_memory_stats, so an event's peak covers exactly the interval since the
 previous event; code that measures peaks itself should read them from the events instead.
 
-Extras the nodes record: loaders {"component": "dit" | "text_encoder" | "vae", "bytes": the
-module's parameter and buffer bytes (what it occupies when placed), "dtype": "bfloat16" | …,
-"file": the checkpoint's name}; sampling steps {"step": i}.
+Extras the nodes record: loaders {"component": "dit" | "text_encoder" | "clip_vision" | "vae",
+"bytes": the module's parameter and buffer bytes (what it occupies when placed), "dtype":
+"bfloat16" | …, "file": the checkpoint's name}; sampling steps {"step": i}.
 
 Compatibility: readers ignore keys they do not know; new keys ("run.initial", "activity", …)
 are added without changing the version. The version changes only when an existing key changes

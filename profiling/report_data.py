@@ -19,7 +19,7 @@ from .events import SCHEMA, EventLog
 
 GIB = float(1 << 30)
 STEP_LABEL = re.compile(r"^step (\d+)/(\d+)$")
-COMPONENT_ORDER = ("dit", "text_encoder", "vae")
+COMPONENT_ORDER = ("dit", "text_encoder", "clip_vision", "vae")
 OTHER = "other"
 EXPECTED = f"a memory event log (JSON of schema {SCHEMA}, as the Wan Memory Probe, " \
            f"`wan-enhanced demo` or `wan-enhanced bench` write it)"

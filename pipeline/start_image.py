@@ -21,19 +21,19 @@ import torch
 import torch.nn.functional as F
 
 from .. import host
+from .decode import VAE_NAMES
 from .handles import WanCLIPVisionHandle, WanModelHandle, WanVAEHandle
 from .latents import empty_latent
 from .placement import DevicePlacement
 from .sample import InputError
 
 IMAGE_CONDITION_CHANNELS = 20  # 4 mask channels and 16 latent channels
-VAE_NAMES = {"vae21": "Wan2.1 VAE", "vae22": "Wan2.2 VAE"}
 
 
 def fit_image(image: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """IMAGE [N, H, W, 3] in 0..1 -> [N, 3, height, width] in -1..1: scaled (bilinear, with
     antialiasing when shrinking) so that it covers the size, then centre-cropped."""
-    n, h, w, _ = image.shape
+    h, w = image.shape[1:3]
     scale = max(width / w, height / h)
     covered = (max(height, round(h * scale)), max(width, round(w * scale)))
     x = image.permute(0, 3, 1, 2).to(torch.float32)

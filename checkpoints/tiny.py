@@ -294,16 +294,26 @@ TINY_CLIP_VISION = dict(hidden=160, layers=3, heads=2, intermediate=320, image_s
 
 
 def write_clip_vision(path: str | Path, config: dict | None = None, seed: int = 0,
-                      dtype: torch.dtype = torch.float32) -> Path:
-    """A CLIP vision tower in the layout of ComfyUI's clip_vision_h.safetensors (vision_model.*
-    plus the unused visual_projection)."""
+                      dtype: torch.dtype = torch.float32, layout: str = "comfy") -> Path:
+    """A CLIP vision tower. Layouts: comfy (ComfyUI's clip_vision_h.safetensors: vision_model.*
+    plus the unused visual_projection) and official (the Wan2.1 release's .pth: visual.* with
+    packed query/key/value, plus a stand-in text tower and logit scale, which are not read)."""
     from ..wan.clip_vision import CLIPVisionConfig, CLIPVisionEncoder
+    from .clip_vision import official_state
 
     with torch.device("meta"):
         model = CLIPVisionEncoder(CLIPVisionConfig(**(config or TINY_CLIP_VISION)))
     state = _cast(randomize(model, seed), dtype)
     hidden = model.config.hidden
-    state["visual_projection.weight"] = torch.zeros(hidden, hidden, dtype=dtype)
+    if layout == "comfy":
+        state["visual_projection.weight"] = torch.zeros(hidden, hidden, dtype=dtype)
+    elif layout == "official":
+        state = official_state(state)
+        state["visual.head"] = torch.zeros(hidden, 8, dtype=dtype)
+        state["textual.token_embedding.weight"] = torch.zeros(16, 8, dtype=dtype)
+        state["log_scale"] = torch.zeros((), dtype=dtype)
+    else:
+        raise ValueError(f"unknown CLIP vision layout {layout!r}")
     path = Path(path)
     _atomic_save(state, path)
     return path

@@ -62,12 +62,20 @@ def test_loader_reads_comfyui_layout_and_bare_tower(tmp_path, golden):
     assert next(half.parameters()).dtype == torch.float16
 
 
+def test_official_layout_loads_as_the_same_tower(tmp_path):
+    comfy = tiny.write_clip_vision(tmp_path / "clip_vision_h.safetensors", seed=4)
+    official = tiny.write_clip_vision(tmp_path / "models_clip_open-clip-xlm-roberta-large-vit-huge"
+                                      "-14.pth", seed=4, layout="official")
+    pixels = torch.randn(1, 3, 56, 56, generator=torch.Generator().manual_seed(1))
+    a, b = load_clip_vision(comfy, torch.float32), load_clip_vision(official, torch.float32)
+    assert a.config == b.config
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+    assert torch.equal(a(pixels), b(pixels))
+
+
 def test_loader_refuses_other_files_by_name(tmp_path, golden):
     weights = golden[0]
-    openclip = tmp_path / "models_clip.safetensors"
-    save_file({"visual.conv1.weight": torch.zeros(4, 3, 14, 14)}, str(openclip))
-    with pytest.raises(CheckpointError, match="open-clip checkpoint .*clip_vision_h"):
-        load_clip_vision(openclip)
     other = tmp_path / "other.safetensors"
     save_file({"model.weight": torch.zeros(2)}, str(other))
     with pytest.raises(CheckpointError, match="other.safetensors: not a CLIP vision checkpoint"):
@@ -76,6 +84,11 @@ def test_loader_refuses_other_files_by_name(tmp_path, golden):
     save_file({k: v for k, v in weights.items() if "layers.1." not in k}, str(partial))
     with pytest.raises(CheckpointError, match="partial.safetensors: .*lacks"):
         load_clip_vision(partial)
+    text_only = tmp_path / "text_only.safetensors"
+    save_file({"visual.head": torch.zeros(4, 4)}, str(text_only))
+    with pytest.raises(CheckpointError, match="text_only.safetensors: not a complete CLIP "
+                                              "vision tower"):
+        load_clip_vision(text_only)
 
 
 def test_preprocess_scales_the_short_side_and_centre_crops():

@@ -3,8 +3,9 @@
 Wan2.1 I2V-14B cross-attends to the image's CLIP tokens as well as to the text: the hidden states
 after the last-but-one transformer layer (the official `use_31_block`, ComfyUI's penultimate
 hidden states), before any final norm. Parameter names follow the layout of ComfyUI's
-`clip_vision_h.safetensors` (transformers' CLIPVisionModel: `vision_model.*`), so those files
-load strictly; the projection head some files carry is not used.
+`clip_vision_h.safetensors` (transformers' CLIPVisionModel: `vision_model.*`);
+checkpoints/clip_vision.py also reads the official release's .pth. The projection head is not
+used.
 """
 
 from __future__ import annotations

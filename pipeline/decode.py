@@ -55,21 +55,24 @@ def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 27
         if mode == "auto":
             budget = int(budget_gb * (1 << 30)) if budget_gb > 0 else free_device_bytes(device)
         tiled = mode == "tiled" or (mode == "auto" and budget is not None)
-        try:
-            plan_grid(vae.model, samples.shape, tiled=tiled, tile=tile, stride=stride,
-                      budget_bytes=budget, overlap=overlap)
-        except ValueError as error:  # named as the node's field
-            raise InputError(str(error).replace("budget_bytes:", "vram_budget_gb:", 1)) from None
 
-        def run(budget_bytes):
-            return decode_to_images(vae.model, samples, tiled=tiled, tile=tile, stride=stride,
-                                    budget_bytes=budget_bytes, overlap=overlap, device=device,
+        def plan(budget_bytes):
+            try:
+                return plan_grid(vae.model, samples.shape, tiled=tiled, tile=tile, stride=stride,
+                                 budget_bytes=budget_bytes, overlap=overlap)
+            except ValueError as error:  # named as the node's field
+                raise InputError(str(error).replace("budget_bytes:", "vram_budget_gb:", 1)) \
+                    from None
+
+        def run(grid):
+            return decode_to_images(vae.model, samples, grid=grid, device=device,
                                     progress=progress, check_interrupt=host.check_interrupt)
 
+        grid = plan(budget)
         if budget is None:
-            return run(None)
+            return run(grid)
         host.make_room(budget, device)  # the host's own models leave room for the budget
-        return decode_within_budget(run, vae.model, samples.shape, budget, overlap, device)
+        return decode_within_budget(run, plan, grid, budget, device)
 
 
 # A budget the device cannot hold after all (other programs, fragmentation) is halved and the
@@ -77,16 +80,20 @@ def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 27
 OOM_RETRIES = 3
 
 
-def decode_within_budget(run, model, latent_shape, budget: int, overlap: int,
-                         device: torch.device) -> torch.Tensor:
-    """run(budget) with smaller budgets after out-of-memory errors (decode_to_images leaves
-    nothing allocated when it fails, so a retry starts from the same memory)."""
+def decode_within_budget(run, plan, grid, budget: int, device: torch.device) -> torch.Tensor:
+    """run(grid), then run(plan(budget)) with halved budgets after out-of-memory errors
+    (decode_to_images leaves nothing allocated when it fails, so a retry starts from the same
+    memory)."""
     for attempt in range(OOM_RETRIES + 1):
         try:
-            return run(budget)
+            return run(grid)
         except torch.cuda.OutOfMemoryError:
             smaller = budget // 2
-            if attempt == OOM_RETRIES or not _plannable(model, latent_shape, smaller, overlap):
+            try:
+                grid = None if attempt == OOM_RETRIES else plan(smaller)
+            except InputError:  # not even the smallest grid fits half the budget
+                grid = None
+            if grid is None:
                 raise
         # Out of the except block, so the error and what its traceback holds are gone.
         host.release_cached_memory()
@@ -94,14 +101,6 @@ def decode_within_budget(run, model, latent_shape, budget: int, overlap: int,
                       f"GiB budget on {device}; decoding again with {smaller / (1 << 30):.2f} "
                       f"GiB", stacklevel=2)
         budget = smaller
-
-
-def _plannable(model, latent_shape, budget: int, overlap: int) -> bool:
-    try:
-        plan_grid(model, latent_shape, budget_bytes=budget, overlap=overlap)
-    except ValueError:
-        return False
-    return True
 
 
 # Left free of a budget taken from free memory: allocator rounding and other streams' work.

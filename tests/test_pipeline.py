@@ -178,16 +178,24 @@ def test_auto_decode_halves_its_budget_after_out_of_memory(headless, monkeypatch
     latent = {"samples": torch.randn(1, 16, 2, 6, 8, generator=torch.Generator().manual_seed(3))}
     (expected,) = node("TiledDecode").run(vae_handle, latent, 32, 32, 16, 16, "auto",
                                           vram_budget_gb=0.004, overlap=16)
-    real_decode, budgets = decode_stage.decode_to_images, []
+    real_decode, real_plan, budgets = decode_stage.decode_to_images, decode_stage.plan_grid, []
+
+    def recording_plan(*args, budget_bytes=None, **kwargs):  # the budget of each planned grid
+        grid = real_plan(*args, budget_bytes=budget_bytes, **kwargs)
+        budgets.append(budget_bytes)
+        return grid
 
     def short_of_memory(failures):
-        def fake(*args, budget_bytes=None, **kwargs):
-            budgets.append(budget_bytes)
-            if len(budgets) <= failures:
+        calls = []
+
+        def fake(*args, **kwargs):
+            calls.append(1)
+            if len(calls) <= failures:
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-            return real_decode(*args, budget_bytes=budget_bytes, **kwargs)
+            return real_decode(*args, **kwargs)
         return fake
 
+    monkeypatch.setattr(decode_stage, "plan_grid", recording_plan)
     start = int(0.016 * (1 << 30))
     monkeypatch.setattr(decode_stage, "decode_to_images", short_of_memory(2))
     with pytest.warns(UserWarning, match="out of device memory .* decoding again"):
@@ -204,6 +212,7 @@ def test_auto_decode_halves_its_budget_after_out_of_memory(headless, monkeypatch
     assert budgets == [start >> k for k in range(decode_stage.OOM_RETRIES + 1)]
     # ... or at once when half the budget cannot hold a grid
     budgets.clear()
+    monkeypatch.setattr(decode_stage, "decode_to_images", short_of_memory(99))
     with pytest.raises(torch.cuda.OutOfMemoryError):
         node("TiledDecode").run(vae_handle, latent, 32, 32, 16, 16, "auto",
                                 vram_budget_gb=0.002, overlap=16)

@@ -459,6 +459,16 @@ def test_budget_grid_rejects_bad_input(real_size_vae):
         plan_budget_tiles(real_size_vae, shape, 1 << 30, torch.bfloat16, overlap=0)
 
 
+def test_a_planned_grid_is_used_as_given_and_must_fit_the_latent():
+    vae = build_vae("vae21")
+    latent = random_latent(vae, (12, 16))
+    grid = plan_even_tiles(12, 16, vae.spatial_stride, 2, 3, 2)
+    by_grid = decode_to_images(vae, latent, grid=grid)
+    assert by_grid.shape == decode_to_images(vae, latent, tiled=False).shape
+    with pytest.raises(ValueError, match="grid: planned for a 12x16 latent"):
+        decode_to_images(vae, random_latent(vae, (8, 16)), grid=grid)
+
+
 def test_even_spans_cover_the_axis_with_at_least_the_overlap():
     for size in (7, 20, 45, 90):
         for count in range(1, 8):

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from ..wan.vae_blocks import CausalConv3d, FrameAttention, FrameConv2d, Upsample
-from .tiles import TileGrid, even_spans, plan_even_tiles
+from .tiles import TileGrid, even_tile_size, plan_even_tiles
 
 DEFAULT_OVERLAP = 64  # pixels between neighbouring tiles of a grid planned from a memory budget
 
@@ -157,19 +157,16 @@ def plan_budget_tiles(vae: nn.Module, latent_shape, budget_bytes: int, dtype: to
     overlap_latent = -(-overlap // scale)
     cost = DecodeCost(vae, batch, dtype)
     best = None  # (work, tile count, rows, cols)
-    row_counts, col_counts = _tile_counts(height, overlap_latent), _tile_counts(width, overlap_latent)
-    for rows in row_counts:
-        tile_h = even_spans(height, rows, overlap_latent)[0].size
-        for cols in col_counts:
-            tile_w = even_spans(width, cols, overlap_latent)[0].size
+    row_tiles, col_tiles = _tile_sizes(height, overlap_latent), _tile_sizes(width, overlap_latent)
+    for rows, tile_h in row_tiles.items():
+        for cols, tile_w in col_tiles.items():
             if cost.bytes(tile_h, tile_w) > budget_bytes:
                 continue
             candidate = (rows * tile_h * cols * tile_w, rows * cols, rows, cols)
             best = candidate if best is None else min(best, candidate)
             break  # more columns of the same rows only add work
     if best is None:
-        smallest = cost.bytes(even_spans(height, row_counts[-1], overlap_latent)[0].size,
-                              even_spans(width, col_counts[-1], overlap_latent)[0].size)
+        smallest = cost.bytes(min(row_tiles.values()), min(col_tiles.values()))
         raise ValueError(f"budget_bytes: {budget_bytes} bytes cannot hold even the smallest tile "
                          f"that overlaps its neighbours by {overlap} px (about {smallest} bytes); "
                          f"raise the budget or lower the overlap")
@@ -177,13 +174,7 @@ def plan_budget_tiles(vae: nn.Module, latent_shape, budget_bytes: int, dtype: to
     return plan_even_tiles(height, width, scale, rows, cols, overlap_latent)
 
 
-def _tile_counts(size: int, overlap: int) -> list[int]:
-    """The tile counts along an axis of `size` latent pixels that even_spans can lay out."""
-    counts = []
-    for count in range(1, size + 1):
-        try:
-            even_spans(size, count, overlap)
-        except ValueError:
-            continue
-        counts.append(count)
-    return counts
+def _tile_sizes(size: int, overlap: int) -> dict[int, int]:
+    """Tile count -> tile size, for every count of even tiles that fits an axis of `size`."""
+    sizes = {count: even_tile_size(size, count, overlap) for count in range(1, size + 1)}
+    return {count: tile for count, tile in sizes.items() if tile is not None}

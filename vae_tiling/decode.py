@@ -31,6 +31,7 @@ def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True
                      tile: tuple[int, int] = DEFAULT_TILE,
                      stride: tuple[int, int] = DEFAULT_STRIDE,
                      budget_bytes: int | None = None, overlap: int = DEFAULT_OVERLAP,
+                     grid: TileGrid | None = None,
                      device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                      progress: Callable[[int, int], None] | None = None,
                      check_interrupt: Callable[[], None] | None = None) -> torch.Tensor:
@@ -43,6 +44,7 @@ def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True
     streamed chunk by chunk into the CPU buffer.
     budget_bytes: when given (and tiled), the grid is planned from this device memory budget
         instead (plan_budget_tiles, tiles overlapping by `overlap` px); tile and stride are unused.
+    grid: a grid planned already (plan_grid); the arguments above are then unused.
     device, dtype: where and in what precision the VAE runs; default where its weights are. The
         caller places the VAE (pipeline/placement.py); a different device or dtype is an error.
     progress(done, total): called after each decoded chunk of each tile.
@@ -53,8 +55,12 @@ def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True
     device = _run_device(vae, device, dtype)
     batch, _, latent_frames, height, width = latent.shape
     scale = vae.spatial_stride
-    grid = plan_grid(vae, latent.shape, tiled=tiled, tile=tile, stride=stride,
-                     budget_bytes=budget_bytes, overlap=overlap)
+    if grid is None:
+        grid = plan_grid(vae, latent.shape, tiled=tiled, tile=tile, stride=stride,
+                         budget_bytes=budget_bytes, overlap=overlap)
+    elif (grid.height, grid.width, grid.scale) != (height, width, scale):
+        raise ValueError(f"grid: planned for a {grid.height}x{grid.width} latent at "
+                         f"{grid.scale} px, not {height}x{width} at {scale} px")
     canvas = ImageCanvas(batch, 1 + vae.temporal_stride * (latent_frames - 1),
                          height * scale, width * scale)
     try:

@@ -117,15 +117,25 @@ def axis_spans(size: int, tile: int, stride: int) -> tuple[Span, ...]:
     return tuple(Span(start, start + tile) for start in starts)
 
 
+def even_tile_size(size: int, count: int, overlap: int) -> int | None:
+    """The size of `count` equal spans covering [0, size) with neighbours overlapping by at
+    least `overlap`; None when they do not fit (each must be longer than the overlap and start
+    after the previous one)."""
+    if count == 1:
+        return size
+    tile = -(-(size + (count - 1) * overlap) // count)
+    return None if tile <= overlap or size - tile < count - 1 else tile
+
+
 def even_spans(size: int, count: int, overlap: int) -> tuple[Span, ...]:
     """`count` spans of one size covering [0, size), neighbours overlapping by at least `overlap`
     (by `overlap` or one more, as the rounding falls). Raises ValueError when `count` such spans
-    do not fit: each must be longer than the overlap, and each must start after the previous."""
+    do not fit (see even_tile_size)."""
+    tile = even_tile_size(size, count, overlap)
+    if tile is None:
+        raise ValueError(f"{count} tiles overlapping by {overlap} do not fit in {size}")
     if count == 1:
         return (Span(0, size),)
-    tile = -(-(size + (count - 1) * overlap) // count)
-    if tile <= overlap or size - tile < count - 1:
-        raise ValueError(f"{count} tiles overlapping by {overlap} do not fit in {size}")
     # Integer steps of floor or ceil((size - tile) / (count - 1)), never more than tile - overlap.
     starts = [i * (size - tile) // (count - 1) for i in range(count)]
     return tuple(Span(start, start + tile) for start in starts)

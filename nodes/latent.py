@@ -1,4 +1,4 @@
-"""Latent nodes: an empty video latent, and one that starts from an image (TI2V-5B)."""
+"""Latent nodes: an empty video latent, and one that starts from an image."""
 
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ class WanImageToVideoLatent:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "model": ("WANMODEL", {"tooltip": "a Wan2.2 TI2V-5B model"}),
-            "vae": ("WANVAE", {"tooltip": "the Wan2.2 VAE"}),
+            "model": ("WANMODEL", {"tooltip": "Wan2.2 TI2V-5B, a Wan2.2 I2V-A14B expert or "
+                                              "Wan2.1 I2V-14B"}),
+            "vae": ("WANVAE", {"tooltip": "the model's VAE (Wan2.2 for TI2V-5B, else Wan2.1)"}),
             "start_image": ("IMAGE", {"tooltip": "the video's first frame: scaled to cover the "
                                                  "size and centre-cropped"}),
             **VIDEO_SIZE,

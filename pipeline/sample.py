@@ -16,7 +16,7 @@ import torch
 from .. import host
 from ..sampling.experts import ExpertPair, SingleModel
 from ..sampling.loop import denoise as run_denoise
-from ..sampling.loop import make_noise, noise_latent
+from ..sampling.loop import checked_first_frame, make_noise, noise_latent
 from ..sampling.solvers import SOLVER_NAMES, make_schedule, make_solver
 from ..wan.configs import EXPERT_BOUNDARY
 from .handles import WanModelHandle
@@ -75,18 +75,15 @@ def check_latent(latent, model: WanModelHandle, field: str = "latent") -> torch.
 
 
 def check_first_frame(latent: dict, samples: torch.Tensor) -> torch.Tensor | None:
-    """The LATENT's fixed first frame (image-to-video, pipeline/start_image.py), if it has one."""
+    """The LATENT's fixed first frame (image-to-video, pipeline/start_image.py), if it has one,
+    checked as the denoise loop will take it."""
     first = latent.get("first_frame")
     if first is None:
         return None
-    b, c, _, h, w = samples.shape
-    if not isinstance(first, torch.Tensor) or first.dim() != 5 or first.shape[2] != 1 \
-            or tuple(first.shape[i] for i in (1, 3, 4)) != (c, h, w) \
-            or first.shape[0] not in (1, b):
-        shape = list(first.shape) if isinstance(first, torch.Tensor) else type(first).__name__
-        raise InputError(f"latent: its first_frame {shape} does not fit its samples "
-                         f"{list(samples.shape)}; expected [{b}, {c}, 1, {h}, {w}]")
-    return first
+    try:
+        return checked_first_frame(first, samples)
+    except ValueError as error:
+        raise InputError(f"latent: its {error}") from None
 
 
 def expert_boundary(boundary: float | None, model: WanModelHandle) -> float:

@@ -61,16 +61,18 @@ def image_to_video_latent(model: WanModelHandle, vae: WanVAEHandle, image, width
                           height: int, frames: int, batch: int = 1, device=None,
                           clip_vision: WanCLIPVisionHandle | None = None) -> dict:
     """A LATENT for a video that starts with `image`: zero "samples" as empty_latent makes
-    them, plus "first_frame" (TI2V-5B) or "image_condition" (I2V-A14B); see the module text."""
+    them, plus "first_frame" (TI2V-5B) or "image_condition" (the I2V models), and for Wan2.1
+    I2V "clip_tokens"; see the module text."""
     config = model.config
     if config.image_embedding and clip_vision is None:
         raise InputError(f"clip_vision: {model.name} is a Wan2.1 image-to-video model, which "
                          f"also attends to the image's CLIP tokens: connect a Wan CLIP Vision "
                          f"Loader (clip_vision_h)")
     conditioned = config.in_dim - model.latent_channels == IMAGE_CONDITION_CHANNELS
-    if model.latent_channels != 48 and not conditioned:
+    first_frame = model.vae_kind == "vae22"  # TI2V-5B, the model of the Wan2.2 VAE
+    if not (first_frame or conditioned):
         raise InputError(f"model: {model.name} is a text-to-video model; a start image needs "
-                         f"Wan2.2 TI2V-5B or a Wan2.2 I2V-A14B expert")
+                         f"Wan2.2 TI2V-5B, a Wan2.2 I2V-A14B expert or Wan2.1 I2V-14B")
     if vae.kind != model.vae_kind:
         raise InputError(f"vae: {vae.name} is a {VAE_NAMES[vae.kind]}; {model.name} works with "
                          f"the {VAE_NAMES[model.vae_kind]}")
@@ -81,39 +83,40 @@ def image_to_video_latent(model: WanModelHandle, vae: WanVAEHandle, image, width
         # the image, then mid-grey (0 in -1..1) for every frame still to be made
         pixels = torch.cat([pixels, pixels.new_zeros(*pixels.shape[:2], frames - 1,
                                                      *pixels.shape[3:])], dim=2)
-    encoded = _encode(vae, pixels, device)
-    if encoded.shape[0] != batch:
-        encoded = encoded.expand(batch, *encoded.shape[1:]).clone()
+    device = torch.device(device) if device is not None else host.compute_device()
+    encoded = _per_item(_encode(vae, pixels, device), batch)
     samples = latent["samples"]
     expected = (batch, samples.shape[1], samples.shape[2] if conditioned else 1,
                 *samples.shape[3:])
     if tuple(encoded.shape) != expected:
         raise InputError(f"vae: {vae.name} encodes {width}x{height} to {list(encoded.shape)}, "
                          f"which does not fit the model's latent {list(samples.shape)}")
-    if conditioned:
+    if first_frame:
+        latent["first_frame"] = encoded
+    else:
         latent["image_condition"] = torch.cat(
             [first_frame_mask(encoded), model.latent_format.normalise(encoded)], dim=1)
-    else:
-        latent["first_frame"] = encoded
     if config.image_embedding:
-        latent["clip_tokens"] = clip_image_tokens(clip_vision, image, batch, config.image_dim,
-                                                  device)
+        latent["clip_tokens"] = _per_item(
+            clip_image_tokens(clip_vision, image, config.image_dim, device), batch)
     return latent
 
 
-def clip_image_tokens(clip_vision: WanCLIPVisionHandle, image: torch.Tensor, batch: int,
-                      width: int, device) -> torch.Tensor:
-    """[batch, tokens, width] CLIP tokens of the start image (float32, CPU)."""
+def clip_image_tokens(clip_vision: WanCLIPVisionHandle, image: torch.Tensor, width: int,
+                      device: torch.device) -> torch.Tensor:
+    """[N, tokens, width] CLIP tokens of the start images (float32, CPU)."""
     encoder = clip_vision.model
     if encoder.config.hidden != width:
         raise InputError(f"clip_vision: {clip_vision.name} makes {encoder.config.hidden}-wide "
                          f"tokens; the model takes {width}-wide ones (ViT-H/14, clip_vision_h)")
-    device = torch.device(device) if device is not None else host.compute_device()
     with DevicePlacement(device) as placement:
         placement.place(encoder)
-        pixels = encoder.preprocess(image).to(device)
-        tokens = encoder(pixels).to("cpu", torch.float32)
-    return tokens.expand(batch, -1, -1).clone() if tokens.shape[0] != batch else tokens
+        return encoder(encoder.preprocess(image).to(device)).to("cpu", torch.float32)
+
+
+def _per_item(tensor: torch.Tensor, batch: int) -> torch.Tensor:
+    """One entry per batch item: a single image's result repeated."""
+    return tensor if tensor.shape[0] == batch else tensor.expand(batch, *tensor.shape[1:]).clone()
 
 
 def first_frame_mask(latent: torch.Tensor) -> torch.Tensor:
@@ -125,9 +128,8 @@ def first_frame_mask(latent: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def _encode(vae: WanVAEHandle, pixels: torch.Tensor, device) -> torch.Tensor:
+def _encode(vae: WanVAEHandle, pixels: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Raw mu of a [N, 3, F, H, W] video in -1..1, float32 on the CPU."""
-    device = torch.device(device) if device is not None else host.compute_device()
     with DevicePlacement(device) as placement:
         placement.place(vae.model)
         weight = next(vae.model.parameters())

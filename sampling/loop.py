@@ -37,7 +37,11 @@ def _model_timesteps(value: float, x: torch.Tensor, fixed_first_frame: bool) -> 
     return t
 
 
-def _checked_first_frame(first_frame: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def checked_first_frame(first_frame: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`first_frame` as [B or 1, C, 1, H, W] float32 beside the sample `x`; ValueError when it
+    does not fit."""
+    if not isinstance(first_frame, torch.Tensor):
+        raise ValueError(f"first_frame is a {type(first_frame).__name__}, not a tensor")
     if first_frame.dim() == 4:
         first_frame = first_frame.unsqueeze(2)
     b, c, _, h, w = x.shape
@@ -84,7 +88,7 @@ def denoise(model: ModelFn | ModelSelector, noise: torch.Tensor, solver: FlowSol
     x = noise.to(torch.float32)
     fixed = None
     if first_frame is not None:
-        fixed = _checked_first_frame(first_frame, x)
+        fixed = checked_first_frame(first_frame, x)
         x = x.clone()  # never write into the caller's tensor
         x[:, :, :1] = fixed
 

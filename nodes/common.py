@@ -17,10 +17,11 @@ def node_errors(node: str):
     which node and which field, and the process stays usable."""
     from ..checkpoints.reader import CheckpointError
     from ..pipeline.sample import InputError
+    from ..safe_paths import UnsafePathError
 
     try:
         yield
-    except (CheckpointError, InputError, FileNotFoundError) as exc:
+    except (CheckpointError, InputError, UnsafePathError, FileNotFoundError) as exc:
         raise NodeInputError(f"{node}: {exc}") from exc
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import host
+from ..safe_paths import UnsafePathError, name_problem, path_inside
 from .common import CATEGORY, node_errors
 
 
@@ -16,7 +17,8 @@ class WanMemoryProbe:
             "label": ("STRING", {"default": "probe"}),
         }, "optional": {
             "save_log": ("STRING", {"default": "", "tooltip": "when set, the run's event log is "
-                                    "written to this file name in the output folder"}),
+                                    "written to this .json file name in the output folder "
+                                    "(subfolders allowed; never outside it)"}),
             "write_report": ("BOOLEAN", {"default": False, "tooltip": "also write a Markdown "
                                          "memory report with plots next to the event log (the "
                                          "log goes to save_log, or to wan_memory/RUN_ID.json in "
@@ -30,8 +32,15 @@ class WanMemoryProbe:
     OUTPUT_NODE = True
 
     @classmethod
-    def VALIDATE_INPUTS(cls, input_types=None):
-        return True  # any type passes through
+    def VALIDATE_INPUTS(cls, input_types=None, save_log=""):
+        # input_types: any type passes through "value"
+        if save_log in ("", None):
+            return True
+        try:
+            log_path(save_log)
+        except UnsafePathError as error:
+            return str(error)
+        return True
 
     @classmethod
     def IS_CHANGED(cls, **_):
@@ -45,8 +54,7 @@ class WanMemoryProbe:
         ui = {"memory_events": [event]}
         if save_log or write_report:
             with node_errors(self.DISPLAY):
-                path = (host.output_directory() / save_log if save_log
-                        else default_log_path(log.run["id"]))
+                path = (log_path(save_log) if save_log else default_log_path(log.run["id"]))
                 log.save(path)
             ui["memory_log"] = [str(path)]
         if write_report:
@@ -54,3 +62,21 @@ class WanMemoryProbe:
 
             ui["memory_report"] = [str(build_report(path, path.parent))]
         return {"ui": ui, "result": (value,)}
+
+
+def save_log_problem(save_log) -> str | None:
+    """Why `save_log` cannot name the event log (judged from the text), or None."""
+    if save_log in ("", None):
+        return None
+    problem = name_problem(save_log)
+    if problem is None and not save_log.lower().endswith(".json"):
+        problem = f"{save_log!r}: the event log is JSON; give a name ending in .json"
+    return problem
+
+
+def log_path(save_log: str):
+    """The event log's path in the output folder; refused when it would lead outside it."""
+    problem = save_log_problem(save_log)
+    if problem is not None:
+        raise UnsafePathError(f"save_log: {problem}")
+    return path_inside(host.output_directory(), save_log, "save_log")

@@ -16,9 +16,10 @@ import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..safe_paths import UnsafePathError, name_problem, path_inside
 from .executor import EventCallback, RunEvent, ui_file_entries
 from .workflow import Issue, node_title
 
@@ -138,13 +139,7 @@ class Client:
 
     def download(self, entry: Mapping, out_dir: str | Path) -> Path:
         """GET /view into out_dir/subfolder/filename ("temp"/"input" files under out_dir/type)."""
-        target = Path(out_dir)
-        if entry["type"] != "output":
-            target /= entry["type"]
-        for part in PurePosixPath(entry["subfolder"].replace("\\", "/")).parts:
-            if part not in ("", ".", "..", "/"):
-                target /= part
-        target /= PurePosixPath(entry["filename"].replace("\\", "/")).name
+        target = download_path(entry, out_dir)
         query = urllib.parse.urlencode({k: entry[k] for k in ("filename", "subfolder", "type")})
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
@@ -391,3 +386,19 @@ def _close_quietly(ws) -> None:
         ws.close(timeout=1.0)  # the wait for the server's close reply: short, it is a courtesy
     except Exception:
         pass
+
+
+def download_path(entry: Mapping, out_dir: str | Path) -> Path:
+    """Where a server's output file goes: out_dir/subfolder/filename ("temp"/"input" files under
+    out_dir/type). Names that would lead outside out_dir (absolute, '..', a link) are refused."""
+    kind = str(entry.get("type") or "output")
+    parts = ([] if kind == "output" else [kind]) + [str(entry.get("subfolder") or ""),
+                                                    str(entry.get("filename") or "")]
+    name = "/".join(part.strip("/\\") for part in parts if part.strip("/\\"))
+    if not entry.get("filename") or any(name_problem(part) for part in parts if part):
+        raise ServerError(f"the server named an output file {dict(entry)!r} that would lead "
+                          f"outside the download folder {out_dir}; not downloaded")
+    try:
+        return path_inside(out_dir, name, "output file", "the download folder")
+    except UnsafePathError as error:
+        raise ServerError(f"{error}; not downloaded") from None

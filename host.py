@@ -167,19 +167,81 @@ def list_models(folder: str) -> list[str]:
     return found
 
 
+class ModelNameError(ValueError):
+    """A loader's file name that names no file of its model folder (or, inside ComfyUI, a path
+    outside it); the message names the folder, never a server path."""
+
+
 def resolve_model(folder: str, name: str) -> Path:
-    """The full path of a model file named in a loader; absolute paths are used as they are."""
-    candidate = Path(name)
-    if candidate.is_absolute():
-        return candidate
+    """The full path of a model file named in a loader.
+
+    Inside ComfyUI only names from the model folder's paths (folder_paths) are taken: a file,
+    or a model folder (diffusers / official layout) directly inside one of them; absolute paths
+    and '..' are refused, so a workflow cannot make the server open or probe other files.
+    Headless (our command line, other programs) a name is looked up under models/<folder>/ and
+    an absolute path is used as it is: there the person running the command chose it."""
+    from .safe_paths import UnsafePathError, check_inside, name_problem
+
     fp = _comfy("folder_paths")
-    if fp is not None:
-        full = fp.get_full_path(folder, name)
-        if full is not None:
-            return Path(full)
-        return Path(fp.get_folder_paths(folder)[0]) / name if fp.get_folder_paths(folder) \
-            else candidate
-    return Path(_paths["models"]) / folder / name
+    if fp is None:
+        candidate = Path(name)
+        if candidate.is_absolute():
+            return candidate
+        if name_problem(name) is not None:
+            raise ModelNameError(f"{name!r} is not a file name inside the '{folder}' model "
+                                 f"folder (headless, an absolute path is taken as it is)")
+        return Path(_paths["models"]) / folder / name
+    problem = name_problem(name)
+    if problem is not None:
+        raise ModelNameError(f"{name!r} is not a name from the '{folder}' model folder: inside "
+                             f"ComfyUI a loader takes only those (absolute paths work with the "
+                             f"wan-enhanced command line)")
+    full = fp.get_full_path(folder, name)
+    if full is not None:
+        return Path(full)
+    for root in _folder_paths(fp, folder):
+        candidate = Path(root) / name
+        try:
+            check_inside(root, candidate, folder, name)
+        except UnsafePathError:
+            continue
+        if candidate.is_dir():
+            return candidate
+    raise ModelNameError(f"{name!r} is not in the '{folder}' model folder")
+
+
+def _folder_paths(fp, folder: str) -> list[str]:
+    try:
+        return list(fp.get_folder_paths(folder))
+    except KeyError:
+        return []
+
+
+def hide_server_paths(message: str) -> str:
+    """Inside ComfyUI: the message with the server's model, output, input and temp folders
+    written as their names ("vae/x.safetensors", "output/..."), so that errors sent to whoever
+    posted a workflow do not reveal where the server keeps its files. Unchanged headless."""
+    fp = _comfy("folder_paths")
+    if fp is None:
+        return message
+    names: dict[str, str] = {}
+    for folder in (*MODEL_FOLDERS, "clip_vision"):
+        for root in _folder_paths(fp, folder):
+            names.setdefault(root, folder)
+    for folder in ("output", "input", "temp"):
+        getter = getattr(fp, f"get_{folder}_directory", None)
+        if getter is not None:
+            names.setdefault(getter(), folder)
+    names.setdefault(getattr(fp, "base_path", "") or "", "ComfyUI")
+    variants = {}
+    for root, folder in names.items():
+        if root:
+            for form in {str(root), str(Path(root)), os.path.realpath(root)}:
+                variants[form.rstrip("/")] = folder
+    for root in sorted(variants, key=len, reverse=True):
+        if root:
+            message = message.replace(root, variants[root])
+    return message
 
 
 def output_directory() -> Path:

@@ -9,6 +9,7 @@ of it (the path is resolved, links followed, before the check).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 
@@ -65,3 +66,21 @@ def check_inside(folder: str | Path, target: str | Path, field: str, name: str,
     if resolved == root or not resolved.is_relative_to(root):
         raise UnsafePathError(f"{field}: {name!r} leads outside {what} (a symbolic link inside "
                               f"it points elsewhere)")
+
+
+def folder_problem(folder: str | Path) -> str | None:
+    """Why files cannot be written into `folder` (created as needed), or None: a part of it is a
+    file, or the nearest folder of it that exists does not let this process create files."""
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists():
+        if existing.is_symlink():
+            return f"{existing} is a broken symbolic link"
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"the folder {existing} is not writable"
+    return None

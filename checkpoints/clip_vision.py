@@ -63,6 +63,14 @@ def load_clip_vision(path: str | Path, dtype: torch.dtype = torch.float16) -> CL
     return model.eval().requires_grad_(False)
 
 
+def check_clip_vision_keys(path: str | Path) -> None:
+    """Raise CheckpointError unless the file's keys are a CLIP vision tower's (header only)."""
+    with open_checkpoint(path) as source:
+        keys = source.keys()
+    if not any(k.startswith(OFFICIAL_PREFIX) for k in keys):
+        _comfy_names(Path(path), keys)
+
+
 def _comfy_names(path: Path, keys: list[str]) -> dict[str, str]:
     """Our parameter name -> the file's key, for the vision tower's tensors."""
     if any(k.startswith(PREFIX) for k in keys):

@@ -16,13 +16,15 @@ def node_errors(node: str):
     """Re-raise input and checkpoint errors with the node's name in front: the message then says
     which node and which field, and the process stays usable."""
     from ..checkpoints.reader import CheckpointError
+    from ..host import ModelNameError, hide_server_paths
     from ..pipeline.sample import InputError
     from ..safe_paths import UnsafePathError
 
     try:
         yield
-    except (CheckpointError, InputError, UnsafePathError, FileNotFoundError) as exc:
-        raise NodeInputError(f"{node}: {exc}") from exc
+    except (CheckpointError, InputError, UnsafePathError, ModelNameError,
+            FileNotFoundError) as exc:
+        raise NodeInputError(f"{node}: {hide_server_paths(str(exc))}") from exc
 
 
 def memory_event(label: str, stage: str, node_id=None, **extra) -> None:

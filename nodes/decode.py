@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import host
 from ..pipeline.decode import decode
+from .checks import constant_problems, verdict
 from .common import CATEGORY, memory_event, node_errors
 
 
@@ -35,6 +36,18 @@ class WanTiledDecode:
     RETURN_TYPES = ("IMAGE",)
     FUNCTION = "run"
     CATEGORY = CATEGORY
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, tile_x, tile_y, stride_x, stride_y, mode, vram_budget_gb=None):
+        """The budget is a finite number; in tiled mode tiles overlap (stride below tile)."""
+        problems = constant_problems(cls, tile_x=tile_x, tile_y=tile_y, stride_x=stride_x,
+                                     stride_y=stride_y, mode=mode, vram_budget_gb=vram_budget_gb)
+        if mode == "tiled":
+            for axis, tile, stride in (("x", tile_x, stride_x), ("y", tile_y, stride_y)):
+                if isinstance(tile, int) and isinstance(stride, int) and stride >= tile:
+                    problems.append(f"stride_{axis}: {stride} px must be smaller than tile_{axis} "
+                                    f"({tile} px) so that tiles overlap")
+        return verdict(problems)
 
     def run(self, vae, latent, tile_x, tile_y, stride_x, stride_y, mode, vram_budget_gb=3.0,
             overlap=64, unique_id=None):

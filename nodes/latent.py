@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..pipeline.latents import empty_latent
 from ..pipeline.start_image import image_to_video_latent
+from .checks import constant_problems, verdict, video_size_problems
 from .common import CATEGORY, memory_event, node_errors
 
 VIDEO_SIZE = {
@@ -12,6 +13,12 @@ VIDEO_SIZE = {
     "frames": ("INT", {"default": 121, "min": 1, "max": 4097, "step": 4, "tooltip": "4n+1 frames"}),
     "batch": ("INT", {"default": 1, "min": 1, "max": 64}),
 }
+
+
+def _video_size_verdict(cls, width, height, frames, batch):
+    """In range, frames 4n+1 and sides multiples of 16, decided before any model loads."""
+    problems = constant_problems(cls, width=width, height=height, frames=frames, batch=batch)
+    return verdict(problems or video_size_problems(width, height, frames))
 
 
 class WanEmptyLatent:
@@ -31,6 +38,10 @@ class WanEmptyLatent:
     RETURN_TYPES = ("LATENT",)
     FUNCTION = "make"
     CATEGORY = CATEGORY
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, width, height, frames, batch):
+        return _video_size_verdict(cls, width, height, frames, batch)
 
     def make(self, model, width, height, frames, batch):
         with node_errors(self.DISPLAY):
@@ -57,6 +68,10 @@ class WanImageToVideoLatent:
     RETURN_TYPES = ("LATENT",)
     FUNCTION = "make"
     CATEGORY = CATEGORY
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, width, height, frames, batch):
+        return _video_size_verdict(cls, width, height, frames, batch)
 
     def make(self, model, vae, start_image, width, height, frames, batch, clip_vision=None,
              unique_id=None):

@@ -6,8 +6,10 @@ import collections
 
 from .. import host
 from ..pipeline import loading
+from ..pipeline.model_files import loader_file_problem
 from ..pipeline.placement import tensor_bytes
 from ..wan.attention import available_backends
+from .checks import verdict
 from .common import CATEGORY, memory_event, node_errors
 
 HIDDEN = {"unique_id": "UNIQUE_ID"}
@@ -25,7 +27,9 @@ WEIGHT_DTYPE = ("how the weights are stored: bf16/fp16/fp32; or the transformer 
 
 
 def _file_choice(folder: str):
-    return (host.list_models(folder), {"tooltip": f"a file of the '{folder}' models folder"})
+    return (host.list_models(folder), {"tooltip": f"a file of the '{folder}' models folder "
+                                                  f"(an absolute path only with the "
+                                                  f"wan-enhanced command line)"})
 
 
 def _loaded_event(handle, component: str, unique_id) -> None:
@@ -48,11 +52,10 @@ def _main_dtype(module) -> str | None:
     return str(sizes.most_common(1)[0][0]).removeprefix("torch.")
 
 
-def _validate_file(folder: str, name: str):
-    """True for listed files and, headless, for any existing path; else the reason."""
-    if name in host.list_models(folder) or host.resolve_model(folder, name).exists():
-        return True
-    return f"{name!r} is not in the {folder} folder ({host.list_models(folder)[:8]}...)"
+def _validate_file(folder: str, name: str, field: str):
+    """True for a file of the folder that holds the kind of model the loader makes (inside
+    ComfyUI only names from the folder; headless also an absolute path); else the reason."""
+    return verdict([loader_file_problem(folder, name, field)])
 
 
 class WanModelLoader:
@@ -73,7 +76,7 @@ class WanModelLoader:
 
     @classmethod
     def VALIDATE_INPUTS(cls, model_name):
-        return _validate_file("diffusion_models", model_name)
+        return _validate_file("diffusion_models", model_name, "model_name")
 
     def load(self, model_name, weight_dtype, attention, keep_on_gpu=False, compile=False,
              unique_id=None):
@@ -103,7 +106,7 @@ class WanTextEncoderLoader:
 
     @classmethod
     def VALIDATE_INPUTS(cls, text_encoder_name):
-        return _validate_file("text_encoders", text_encoder_name)
+        return _validate_file("text_encoders", text_encoder_name, "text_encoder_name")
 
     def load(self, text_encoder_name, dtype, device, keep_on_gpu=False, unique_id=None):
         with node_errors(self.DISPLAY):
@@ -131,7 +134,7 @@ class WanVAELoader:
 
     @classmethod
     def VALIDATE_INPUTS(cls, vae_name):
-        return _validate_file("vae", vae_name)
+        return _validate_file("vae", vae_name, "vae_name")
 
     def load(self, vae_name, dtype, keep_on_gpu=False, unique_id=None):
         with node_errors(self.DISPLAY):
@@ -158,7 +161,7 @@ class WanCLIPVisionLoader:
 
     @classmethod
     def VALIDATE_INPUTS(cls, clip_name):
-        return _validate_file("clip_vision", clip_name)
+        return _validate_file("clip_vision", clip_name, "clip_name")
 
     def load(self, clip_name, dtype, unique_id=None):
         with node_errors(self.DISPLAY):

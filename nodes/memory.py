@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from .. import host
 from ..safe_paths import UnsafePathError, name_problem, path_inside
+from ..profiling.events import LOG_FOLDER
+from .checks import output_file_problem, verdict
 from .common import CATEGORY, node_errors
 
 
@@ -32,14 +34,14 @@ class WanMemoryProbe:
     OUTPUT_NODE = True
 
     @classmethod
-    def VALIDATE_INPUTS(cls, input_types=None, save_log=""):
+    def VALIDATE_INPUTS(cls, input_types=None, save_log=None, write_report=None):
         # input_types: any type passes through "value"
-        if save_log in ("", None):
-            return True
-        try:
-            log_path(save_log)
-        except UnsafePathError as error:
-            return str(error)
+        if save_log:
+            problem = save_log_problem(save_log)
+            return verdict([f"save_log: {problem}" if problem else
+                            output_file_problem("save_log", save_log)])
+        if write_report:
+            return verdict([output_file_problem("write_report", f"{LOG_FOLDER}/log.json")])
         return True
 
     @classmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 from .. import host
 from ..pipeline.sample import SamplerSettings, sample
 from ..sampling.solvers import SOLVER_NAMES
+from .checks import constant_problems, verdict
 from .common import CATEGORY, memory_event, node_errors
 
 
@@ -48,6 +49,12 @@ class WanSampler:
     RETURN_TYPES = ("LATENT",)
     FUNCTION = "run"
     CATEGORY = CATEGORY
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, cfg, shift, denoise, boundary=None, cfg_low_noise=None):
+        """No NaN in a FLOAT input (ComfyUI's range checks let NaN through)."""
+        return verdict(constant_problems(cls, cfg=cfg, shift=shift, denoise=denoise,
+                                         boundary=boundary, cfg_low_noise=cfg_low_noise))
 
     def run(self, model, positive, negative, latent, seed, steps, cfg, shift, scheduler,
             denoise, low_noise_model=None, boundary=-1.0, cfg_low_noise=-1.0, block_swap=0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import host
 from ..pipeline.video_io import next_output_path, save_mp4
+from .checks import constant_problems, output_file_problem, verdict
 from .common import CATEGORY, memory_event, node_errors
 
 
@@ -24,6 +25,12 @@ class WanSaveVideo:
     FUNCTION = "save"
     CATEGORY = CATEGORY
     OUTPUT_NODE = True
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, filename_prefix, fps):
+        """The prefix stays inside a writable output folder; fps is a finite number in range."""
+        return verdict([*constant_problems(cls, fps=fps),
+                        output_file_problem("filename_prefix", filename_prefix)])
 
     def save(self, images, filename_prefix, fps, crf, unique_id=None):
         root = host.output_directory()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -44,7 +45,8 @@ def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 27
     """
     if mode not in DECODE_MODES:
         raise InputError(f"mode: expected one of {list(DECODE_MODES)}, got {mode!r}")
-    if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or budget_gb < 0:
+    if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float)) or \
+            not math.isfinite(budget_gb) or budget_gb < 0:
         raise InputError(f"vram_budget_gb: expected 0 (what is free) or a positive number of "
                          f"GiB, got {budget_gb!r}")
     samples = check_latent_for_vae(vae, latent)

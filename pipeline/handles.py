@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoints.loader import CheckpointInfo
+from ..wan.configs import pixel_stride, vae_kind
 from ..wan.latent_format import WAN21_LATENT, WAN22_LATENT, LatentFormat
 
 
@@ -41,7 +42,7 @@ class WanModelHandle:
     @property
     def vae_kind(self) -> str:
         """The VAE this model's latents belong to."""
-        return "vae22" if self.config.out_dim == 48 else "vae21"
+        return vae_kind(self.config)
 
     @property
     def latent_format(self) -> LatentFormat:
@@ -54,7 +55,7 @@ class WanModelHandle:
     @property
     def spatial_stride(self) -> int:
         """Pixels per latent-grid step times the DiT's patch: what width/height must divide by."""
-        return (16 if self.vae_kind == "vae22" else 8) * self.config.patch_size[1]
+        return pixel_stride(self.config)
 
 
 @dataclass(eq=False)

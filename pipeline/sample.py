@@ -8,6 +8,7 @@ umT5 encoding both work.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -138,6 +139,14 @@ def check_clip_tokens(latent: dict, samples: torch.Tensor,
     return tokens.expand(b, -1, -1)
 
 
+def check_finite(settings: SamplerSettings) -> None:
+    """No NaN or infinity in a number of the settings (a linked value is seen only here)."""
+    for name in ("cfg", "shift", "denoise", "boundary", "cfg_low_noise"):
+        value = getattr(settings, name)
+        if value is not None and not math.isfinite(value):
+            raise InputError(f"{name}: {value} is not a finite number")
+
+
 def schedule_for(settings: SamplerSettings):
     """`steps` model steps; with denoise < 1 they cover the last part of a longer schedule of
     steps / denoise steps, as ComfyUI's samplers do."""
@@ -180,6 +189,7 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
         raise InputError(f"block_swap {settings.block_swap} / prefetch_blocks "
                          f"{settings.prefetch_blocks}: expected block_swap >= 0 (0: no swap) "
                          f"and prefetch_blocks >= 1")
+    check_finite(settings)
     schedule = schedule_for(settings)
     fmt = model.latent_format
 

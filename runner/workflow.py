@@ -10,11 +10,14 @@ every problem before anything runs instead of stopping at the first one:
   declared INT/FLOAT/STRING/BOOLEAN and lie within min/max, combo values are one of the choices
   (inputs named as VALIDATE_INPUTS parameters skip those checks, as in ComfyUI); VALIDATE_INPUTS
   accepts the constants;
-- the needed nodes form no cycle.
+- the needed nodes form no cycle;
+- across this package's nodes, what the files the loaders name decide before any model loads
+  (graph_checks.py: a VAE that does not fit the model, a size off the model's stride).
 
 Where ComfyUI is silently lenient this module is stricter, because a wrong value in a batch job
 should fail before hours of GPU time, not produce a surprising video: BOOLEAN accepts true/false
-(not any truthy string), INT refuses 2.5 (ComfyUI truncates), and an input of a wire type such as
+(not any truthy string), INT refuses 2.5 (ComfyUI truncates), FLOAT refuses NaN and infinity
+(NaN passes every min/max comparison), and an input of a wire type such as
 LATENT must be a link. Inputs a node does not declare are ignored with a warning, as ComfyUI
 ignores them.
 """
@@ -25,6 +28,7 @@ import copy
 import difflib
 import inspect
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -169,6 +173,9 @@ def validate(workflow: Mapping, registry: Registry, source: str | None = None) \
         _check_inputs(node_id, nodes, registry, errors, warnings)
 
     order = _dependency_order(outputs, nodes, known, errors)
+    if not errors:  # what only the files the loaders name can tell (graph_checks.py)
+        from .graph_checks import check_graph
+        errors += check_graph(nodes, registry, order)
     if errors:
         raise WorkflowError(errors, source)
     return ValidatedWorkflow(nodes=nodes, output_nodes=outputs, order=order, warnings=warnings)
@@ -354,6 +361,9 @@ def check_constant(input_type: Any, options: Mapping, value: Any,
     converted = _convert(input_type, value)
     if converted is _INVALID:
         return f"expected {describe_type(input_type)}, got {_show(value)}", value
+    if input_type == "FLOAT" and not math.isfinite(converted):
+        # NaN passes every min/max comparison, and no node means to get it (or infinity)
+        return f"expected a finite number, got {_show(value)}", value
     if not skip_range and input_type in ("INT", "FLOAT"):
         low, high = options.get("min"), options.get("max")
         if low is not None and converted < low:
@@ -423,8 +433,23 @@ def _run_custom_validation(nodes: dict, node_id: str, validator, names: list[str
                              f"VALIDATE_INPUTS raised {type(exc).__name__}: {exc}"))
         return
     if verdict is not True:
-        reason = "" if verdict is False or verdict is None else f": {verdict}"
-        errors.append(_issue(nodes, node_id, None, f"VALIDATE_INPUTS rejected the inputs{reason}"))
+        errors.extend(_verdict_issues(nodes, node_id, verdict, list(required) + list(optional)))
+
+
+def _verdict_issues(nodes: dict, node_id: str, verdict, names: list[str]) -> list[Issue]:
+    """Issues from a VALIDATE_INPUTS answer: a line "input: problem" is located at that input
+    (this package's nodes answer one such line per problem); anything else is the node's."""
+    if verdict is False or verdict is None or not str(verdict).strip():
+        return [_issue(nodes, node_id, None, "VALIDATE_INPUTS rejected the inputs")]
+    issues = []
+    for line in str(verdict).splitlines():
+        name, colon, problem = line.partition(": ")
+        if colon and name in names:
+            issues.append(_issue(nodes, node_id, name, problem))
+        elif line.strip():
+            issues.append(_issue(nodes, node_id, None,
+                                 f"VALIDATE_INPUTS rejected the inputs: {line}"))
+    return issues
 
 
 def _dependency_order(outputs: list[str], nodes: dict, known: set[str],

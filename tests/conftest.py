@@ -21,3 +21,45 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def golden_dir() -> Path:
     return GOLDEN
+
+
+# -- folders nothing can be written into, also for root ------------------------------------------
+
+def _make_unwritable(folder: Path):
+    """Lock `folder` against writes and return a function that unlocks it, or None when this
+    machine cannot: chmod stops ordinary users, root needs the immutable flag (chattr +i)."""
+    import os
+    import shutil
+    import subprocess
+
+    if os.name != "posix":
+        return None
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return lambda: folder.chmod(0o755)
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(folder)],
+                                        capture_output=True).returncode != 0:
+        return None
+    return lambda: subprocess.run([chattr, "-i", str(folder)], capture_output=True)
+
+
+@pytest.fixture(params=["read-only", "under-a-file"])
+def unwritable_folder(request, tmp_path):
+    """A folder path into which no file can be written: an existing folder locked against writes
+    (chmod, or chattr +i as root), or a path below a regular file (mkdir fails with
+    NotADirectoryError everywhere). Skips only the locked kind where no lock is available."""
+    if request.param == "under-a-file":
+        blocker = tmp_path / "a-file"
+        blocker.write_text("not a folder")
+        yield blocker / "out"
+        return
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    unlock = _make_unwritable(folder)
+    if unlock is None:
+        pytest.skip("no way to lock a folder here (no chattr for root, or not POSIX)")
+    try:
+        yield folder
+    finally:
+        unlock()

@@ -105,6 +105,21 @@ HEAD_DIM = 128  # every released size; used when a checkpoint carries no head co
 EXPERT_BOUNDARY = {"t2v": 0.875, "i2v": 0.900}
 
 
+# Pixels per latent pixel of each VAE, and the latent channels each encodes to.
+VAE_SPATIAL_STRIDE = {"vae21": 8, "vae22": 16}
+VAE_LATENT_CHANNELS = {"vae21": 16, "vae22": 48}
+
+
+def vae_kind(config: DiTConfig) -> str:
+    """The VAE whose latents a DiT works on: the Wan2.2 VAE for 48-channel models (TI2V-5B)."""
+    return "vae22" if config.out_dim == VAE_LATENT_CHANNELS["vae22"] else "vae21"
+
+
+def pixel_stride(config: DiTConfig) -> int:
+    """Pixels per latent-grid step times the patch: what a video's width and height divide by."""
+    return VAE_SPATIAL_STRIDE[vae_kind(config)] * config.patch_size[1]
+
+
 def match_known(config: DiTConfig) -> str | None:
     """The released model whose shapes equal `config`, or None."""
     for name, known in KNOWN_DITS.items():

@@ -95,3 +95,19 @@ def output_file_problem(field: str, name: str | None) -> str | None:
         return str(error)
     problem = folder_problem(target.parent)
     return f"{field}: {problem}" if problem else None
+
+
+def video_memory_problem(width, height, frames, batch) -> str | None:
+    """A video whose decoded frames and latent cannot fit this machine's memory at all (the
+    frames of every decoder are float32 in CPU memory): refused before anything runs."""
+    from ..pipeline import memory_guard as guard
+
+    if not all(isinstance(v, int) and v > 0 for v in (width, height, frames, batch)):
+        return None  # linked, or refused by the range checks
+    size = guard.VideoSize(width, height, frames, batch)
+    available, have = guard.machine_memory()
+    problem = guard.refusal_or_none(
+        "the decoded video (float32 frames in CPU memory) with its latent", size,
+        SMALLEST_PIXEL_STRIDE, lambda s: guard.frames_bytes(s) + guard.smallest_latent_bytes(s),
+        available, have)
+    return f"frames: {problem}" if problem else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..pipeline.latents import empty_latent
 from ..pipeline.start_image import image_to_video_latent
-from .checks import constant_problems, verdict, video_size_problems
+from .checks import constant_problems, verdict, video_memory_problem, video_size_problems
 from .common import CATEGORY, memory_event, node_errors
 
 VIDEO_SIZE = {
@@ -16,9 +16,11 @@ VIDEO_SIZE = {
 
 
 def _video_size_verdict(cls, width, height, frames, batch):
-    """In range, frames 4n+1 and sides multiples of 16, decided before any model loads."""
+    """In range, frames 4n+1, sides multiples of 16, and frames that fit this machine's memory,
+    decided before any model loads."""
     problems = constant_problems(cls, width=width, height=height, frames=frames, batch=batch)
-    return verdict(problems or video_size_problems(width, height, frames))
+    problems = problems or video_size_problems(width, height, frames)
+    return verdict(problems or [video_memory_problem(width, height, frames, batch)])
 
 
 class WanEmptyLatent:

@@ -8,7 +8,9 @@ import warnings
 import torch
 
 from .. import host
+from ..vae_tiling.budget import DecodeCost
 from ..vae_tiling.decode import decode_to_images, plan_grid
+from . import memory_guard as guard
 from .handles import WanVAEHandle
 from .placement import DevicePlacement
 from .sample import InputError
@@ -51,8 +53,13 @@ def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 27
                          f"GiB, got {budget_gb!r}")
     samples = check_latent_for_vae(vae, latent)
     device = torch.device(device) if device is not None else host.compute_device()
+    size = guard.size_of_latent(samples.shape, vae.kind)
+    guard.check_decoded_frames(size, vae.model.spatial_stride)
     with DevicePlacement(device) as placement:
         placement.place(vae.model)
+        if mode == "untiled":
+            cost = DecodeCost(vae.model, samples.shape[0], next(vae.model.parameters()).dtype)
+            guard.check_untiled_decode(cost, size, vae.model.spatial_stride, device)
         budget = None
         if mode == "auto":
             budget = int(budget_gb * (1 << 30)) if budget_gb > 0 else free_device_bytes(device)

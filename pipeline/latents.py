@@ -39,6 +39,8 @@ def empty_latent(model: WanModelHandle, width: int, height: int, frames: int,
     check_video_size(width, height, frames, stride)
     if batch < 1:
         raise InputError(f"batch {batch} must be at least 1")
+    from .memory_guard import VideoSize, check_latent
+    check_latent(VideoSize(width, height, frames, batch), model.vae_kind, stride)
     vae_stride = stride // model.config.patch_size[1]
     shape = (batch, model.latent_channels, (frames - 1) // TEMPORAL_STRIDE + 1,
              height // vae_stride, width // vae_stride)

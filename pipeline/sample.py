@@ -192,6 +192,8 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     check_finite(settings)
     schedule = schedule_for(settings)
     fmt = model.latent_format
+    from .memory_guard import check_sampling  # before the first latent-sized allocation
+    check_sampling(model, clean.shape, device, settings.block_swap, settings.prefetch_blocks)
 
     noise = make_noise(clean.shape, settings.seed)
     if settings.denoise < 1:

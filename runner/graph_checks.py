@@ -4,7 +4,9 @@ before any model loads (a node's own VALIDATE_INPUTS sees only its own constants
 - the VAE of a Wan Tiled Decode or Wan Image to Video Latent is the one the model's latents
   belong to (TI2V-5B: the Wan2.2 VAE; every other Wan model: the Wan2.1 VAE);
 - the width and height of a Wan Empty Latent / Image to Video Latent divide by the model's pixel
-  stride (32 for TI2V-5B, 16 for the others).
+  stride (32 for TI2V-5B, 16 for the others), and sampling that size fits the compute device's
+  memory in all (pipeline/memory_guard.py counts the latent copies and one forward's
+  activations).
 
 What the files are is read from their headers (pipeline/model_files.py). A check that cannot be
 decided (a name that is linked rather than written, an unreadable file: its loader reports that)
@@ -110,6 +112,7 @@ class _Graph:
             issues += self._pairing(node_id, model, self.vae(inputs.get("vae")), "the model is")
         if model is not None:
             stride = pixel_stride(model[1].config)
+            issues += self._sampling_memory_issues(node_id, model, stride)
             for side in ("width", "height"):
                 value = inputs.get(side)
                 if isinstance(value, int) and value % stride:
@@ -119,6 +122,30 @@ class _Graph:
                         f"{model[0]!r} ({_known(model[1])}) (nearest valid: {low} or "
                         f"{low + stride})")))
         return issues
+
+    def _sampling_memory_issues(self, node_id: str, model, stride: int) -> list[Issue]:
+        """Sampling this latent needs more memory than the compute device has in all."""
+        from .. import host
+        from ..pipeline import memory_guard as guard
+
+        inputs = self.nodes[node_id]["inputs"]
+        values = [inputs.get(k) for k in ("width", "height", "frames", "batch")]
+        if not all(isinstance(v, int) and v > 0 for v in values) or \
+                values[0] % stride or values[1] % stride:
+            return []
+        config, vae = model[1].config, vae_kind(model[1].config)
+        itemsize = 4 if self._weight_dtype(inputs.get("model")) == "fp32" else 2
+        device = host.compute_device()
+        problem = guard.refusal_or_none(
+            f"sampling {model[0]!r} (latent copies and one forward's activations)",
+            guard.VideoSize(*values), stride,
+            lambda s: guard.sampling_bytes(config, vae, s, itemsize),
+            guard.total_bytes(device), f"{guard.describe_device(device)} has {{available}} in all")
+        return [self._issue(node_id, "frames", problem)] if problem else []
+
+    def _weight_dtype(self, value):
+        node_id = self.source(value)
+        return self.nodes[node_id]["inputs"].get("weight_dtype") if node_id else None
 
     def _pairing(self, node_id: str, model, vae, relation: str) -> list[Issue]:
         if model is None or vae is None:

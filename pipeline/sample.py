@@ -164,7 +164,8 @@ def _dit_fn(handle: WanModelHandle, placement: DiTPlacement, y: torch.Tensor | N
     def forward(x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         return handle.model(x, t, context, y=y, clip_tokens=clip_tokens,
                             attention=handle.attention, compiled=handle.compile,
-                            blocks=placement.blocks(handle))
+                            blocks=placement.blocks(handle),
+                            between_blocks=host.check_interrupt)
     return forward
 
 

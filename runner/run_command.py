@@ -11,8 +11,11 @@ or the sweep is invalid (nothing ran).
 
 from __future__ import annotations
 
+import os
+import select
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -220,33 +223,100 @@ def _run_jobs_here(jobs, total, validated, registry, results, display, stop) -> 
 
 
 class _StopRequest:
-    """Ctrl-C once: ask the running node to stop at its next check and run no further job.
-    Ctrl-C twice: stop at once (KeyboardInterrupt)."""
+    """Ctrl-C once: ask the running node to stop at its next check (between sampling steps,
+    transformer blocks and decoded frames) and run no further job. Ctrl-C twice: stop at once,
+    with exit code 1 (FAILED).
+
+    A long operation inside PyTorch keeps the main thread, where Python runs signal handlers,
+    for as long as it takes (minutes for one attention at 8192x8192). So a watcher thread sees
+    each Ctrl-C the moment it arrives (through signal.set_wakeup_fd): the first sets the
+    interrupt flag at once; after the second, the main thread gets STOP_GRACE_S seconds to stop
+    and clean up (its handler raises KeyboardInterrupt as soon as it runs), then the process
+    exits with code 1 regardless; hidden .partial files such an exit may leave are cleaned up by
+    the next run (atomic_files.remove_stale_partials)."""
 
     def __init__(self):
         self.requested = False
+        self.count = 0  # Ctrl-C seen by the main thread's handler
 
     def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
+        self.count += 1
         self.requested = True
         host.request_interrupt()
-        print("\nstopping at the next check; Ctrl-C again to stop at once", file=sys.stderr)
+        if self.count >= 2:
+            raise KeyboardInterrupt
+
+    def on_signal(self, seen: int) -> None:
+        """The watcher thread's reaction to the `seen`-th Ctrl-C."""
+        self.requested = True
+        host.request_interrupt()
+        if seen == 1:
+            _say("\nstopping at the next check; Ctrl-C again to stop at once")
+            return
+        _say(f"\nstopping now (exit code {FAILED})")
+        time.sleep(STOP_GRACE_S)
+        _say("interrupted")
+        os._exit(FAILED)  # the main thread is stuck in one long operation
 
     def installed(self):
-        return _SignalHandler(self._handle)
+        return _SignalHandler(self._handle, self.on_signal)
+
+
+STOP_GRACE_S = 3.0
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except Exception:  # a closed stream must not stop the stop
+        pass
 
 
 class _SignalHandler:
-    def __init__(self, handler):
-        self.handler, self.previous = handler, None
+    """SIGINT to `handler` in the main thread, and to `watch(n)` for the n-th one in a daemon
+    thread the moment it arrives."""
+
+    def __init__(self, handler, watch):
+        self.handler, self.watch = handler, watch
+        self.previous = self.previous_fd = self.sockets = None
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self.handler)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self.previous = signal.signal(signal.SIGINT, self.handler)
+        try:
+            self.sockets = socket.socketpair()
+            for end in self.sockets:
+                end.setblocking(False)
+            self.previous_fd = signal.set_wakeup_fd(self.sockets[1].fileno(),
+                                                    warn_on_full_buffer=False)
+        except (OSError, ValueError):  # no wakeup descriptor here: handler only
+            self.sockets = None
+            return self
+        threading.Thread(target=self._watch, args=(self.sockets[0],), daemon=True,
+                         name="wan-enhanced-ctrl-c").start()
         return self
 
+    def _watch(self, reader) -> None:
+        seen = 0
+        while True:
+            try:
+                select.select([reader], [], [])
+                data = reader.recv(64)
+            except (OSError, ValueError):
+                return  # closed: the run is over
+            if not data:
+                return
+            for signum in data:
+                if signum == signal.SIGINT:
+                    seen += 1
+                    self.watch(seen)
+
     def __exit__(self, *exc):
+        if self.sockets is not None:
+            signal.set_wakeup_fd(self.previous_fd if self.previous_fd is not None else -1)
+            for end in self.sockets:
+                end.close()
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
         host.clear_interrupt()

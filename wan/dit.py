@@ -15,7 +15,7 @@ gigabytes over expanding it to every token.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -383,7 +383,8 @@ class WanDiT(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, *,
                 y: torch.Tensor | None = None, clip_tokens: torch.Tensor | None = None,
                 attention: str = "sdpa", blocks: Iterable[nn.Module] | None = None,
-                compiled: bool = False) -> torch.Tensor:
+                compiled: bool = False,
+                between_blocks: Callable[[], None] = lambda: None) -> torch.Tensor:
         """Velocity prediction, float32, shaped like x.
 
         x: [B, C, F, H, W] noisy latent; y: optional conditioning channels concatenated to x
@@ -391,6 +392,7 @@ class WanDiT(nn.Module):
         context: [B, L, 4096] umT5 rows; clip_tokens: [B, 257, 1280] for Wan2.1 I2V.
         `blocks` lets an offloader supply the blocks as they become resident (default: self.blocks).
         compiled: run the blocks through torch.compile (see compiled_block_forward).
+        between_blocks(): called before every block; the caller's interrupt check raises there.
         """
         if y is not None:
             x = torch.cat([x, y.to(x.dtype)], dim=1)
@@ -414,6 +416,7 @@ class WanDiT(nn.Module):
         # activations against 11.3 s and 5.8 GiB); the FFN stays chunked either way
         attention_rows = tokens.shape[1] if compiled else None
         for block in (self.blocks if blocks is None else blocks):
+            between_blocks()
             args = (tokens, e0, rope, text, image, attend, self.compute_dtype, attention_rows)
             tokens = compiled_forward(block, *args) if compiled else block(*args)
 

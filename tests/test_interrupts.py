@@ -1,0 +1,136 @@
+"""Interrupts reach inside a step: the sampler checks between the transformer blocks of a
+forward (the first Ctrl-C no longer waits for a whole step), the decoder between decoded frames;
+and a second Ctrl-C stops the command at once with its documented exit code, even while the main
+thread is held by one long operation."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from wan_enhanced import host
+from wan_enhanced.checkpoints import tiny
+from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
+from wan_enhanced.runner.run_command import FAILED
+
+DIT, VAE, TE = "dit.safetensors", "vae.safetensors", "te.safetensors"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return tiny.write_models_folder(root, dit_name=DIT, vae_name=VAE, text_encoder_name=TE,
+                                    kind="ti2v")
+
+
+@pytest.fixture
+def headless(models, tmp_path):
+    host.set_headless_folders(models=models, output=tmp_path / "out")
+    host.clear_interrupt()
+    yield
+    host.clear_interrupt()
+    host.set_headless_folders(models="models", output="output")
+
+
+def test_sampler_stops_between_transformer_blocks(headless, monkeypatch):
+    (model,) = NODES["WanEnhancedModelLoader"]().load(DIT, "fp32", "sdpa")
+    (latent,) = NODES["WanEnhancedEmptyLatent"]().make(model, 64, 64, 5, 1)
+    rows = [[torch.zeros(1, 4, model.config.text_dim), {}]]
+    blocks = list(model.model.blocks)
+    assert len(blocks) >= 2
+    ran = []
+    real_forward = type(blocks[0]).forward
+
+    def forward(block, *args, **kwargs):
+        ran.append(blocks.index(block))
+        if len(ran) == 1:
+            host.request_interrupt()  # Ctrl-C while the first block computes
+        return real_forward(block, *args, **kwargs)
+
+    monkeypatch.setattr(type(blocks[0]), "forward", forward)
+    with pytest.raises(host.Interrupted):  # one step only: before, it ran to the end
+        NODES["WanEnhancedSampler"]().run(model, rows, rows, latent, 1, 1, 1.0, 5.0, "unipc",
+                                          1.0)
+    assert ran == [0]  # the check before the second block stopped the forward
+    monkeypatch.undo()
+    (out,) = NODES["WanEnhancedSampler"]().run(model, rows, rows, latent, 1, 1, 1.0, 5.0, "unipc",
+                                               1.0)
+    assert torch.isfinite(out["samples"]).all()  # the next run works
+
+
+def test_decoder_stops_between_decoded_frames(headless, monkeypatch):
+    (vae,) = NODES["WanEnhancedVAELoader"]().load(VAE, "fp32")
+    latent = {"samples": torch.randn(1, 48, 4, 4, 4)}
+    decoded = []
+    real = host.Progress.update_to
+
+    def progress(bar, value):
+        decoded.append(value)
+        if value == 2:
+            host.request_interrupt()
+        real(bar, value)
+
+    monkeypatch.setattr(host.Progress, "update_to", progress)
+    with pytest.raises(host.Interrupted):
+        NODES["WanEnhancedTiledDecode"]().run(vae, latent, 32, 32, 16, 16, "untiled")
+    assert decoded == [1, 2]  # 4 latent frames: stopped after the second
+
+
+STUCK_NODE = textwrap.dedent("""
+    import ctypes, json, signal, sys
+    import wan_enhanced
+    from wan_enhanced.runner import cli
+
+    class Stuck:
+        '''Holds the main thread in one C call, as one long attention does.'''
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {}}
+        RETURN_TYPES = ()
+        FUNCTION = "run"
+        OUTPUT_NODE = True
+
+        def run(self):
+            # SIGINT blocked here reaches another thread, as when the main thread is in C code
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            print("ready", flush=True)
+            ctypes.CDLL(None).sleep(60)
+            return {}
+
+    wan_enhanced.NODE_CLASS_MAPPINGS["Stuck"] = Stuck
+    path = sys.argv[1]
+    open(path, "w").write(json.dumps({"1": {"class_type": "Stuck", "inputs": {}}}))
+    sys.exit(cli.main(["run", path, "--out", sys.argv[2]]))
+""")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+def test_two_ctrl_c_exit_with_the_documented_code_while_an_operation_holds(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_NODE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen([sys.executable, str(script), str(tmp_path / "w.json"),
+                                str(tmp_path / "out")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    err = process.stderr.read()
+    assert code == FAILED, err  # an exit code, not death by signal (-2)
+    assert time.monotonic() - started < 20  # not the 60 s the operation would take
+    assert "stopping at the next check" in err and "stopping now" in err

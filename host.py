@@ -130,6 +130,28 @@ class Progress:
             listener(self.label, value, self.total)
 
 
+# -- output files ------------------------------------------------------------------------------
+
+OutputListener = Callable[[str, Path], None]
+_output_listeners: list[OutputListener] = []
+
+
+def add_output_listener(listener: OutputListener) -> None:
+    """listener(node_id, path) just before a node writes an output file (the sweep runner's
+    bookkeeping)."""
+    _output_listeners.append(listener)
+
+
+def remove_output_listener(listener: OutputListener) -> None:
+    if listener in _output_listeners:
+        _output_listeners.remove(listener)
+
+
+def announce_output(node_id, path: Path) -> None:
+    for listener in list(_output_listeners):
+        listener(str(node_id or ""), Path(path))
+
+
 # -- files -------------------------------------------------------------------------------------
 
 _paths = {"models": os.environ.get("WAN_ENHANCED_MODELS", "models"),

@@ -35,7 +35,9 @@ class WanSaveVideo:
     def save(self, images, filename_prefix, fps, crf, unique_id=None):
         root = host.output_directory()
         with node_errors(self.DISPLAY):
-            path = save_mp4(images, next_output_path(root, filename_prefix), fps=fps, crf=crf)
+            path = next_output_path(root, filename_prefix)
+            host.announce_output(unique_id, path)  # recorded before it exists (sweeps)
+            save_mp4(images, path, fps=fps, crf=crf)
         memory_event(f"saved {path.name}", "save", unique_id)
         relative = path.relative_to(root)
         entry = {"filename": relative.name, "subfolder": relative.parent.as_posix()

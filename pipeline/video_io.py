@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from ..atomic_files import atomic_target
+from ..atomic_files import atomic_target, remove_stale_partials
 from ..safe_paths import UnsafePathError, check_inside, name_problem, relative_parts
 
 DEFAULT_CRF = 19
@@ -90,6 +90,7 @@ def next_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Path
     with _numbering_lock:
         try:
             target.mkdir(parents=True, exist_ok=True)
+            remove_stale_partials(target)  # their numbers would stay taken for ever
             names = os.listdir(target)
         except OSError as error:
             raise OSError(error.errno, f"cannot use the output folder {target}: "

@@ -27,8 +27,8 @@ from .. import host
 from .client import (Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError)
 from .executor import RunError, RunEvent, RunInterrupted, check_supported, execute
 from .overrides import OverrideError, apply_overrides
-from .sweep import (ResultsLog, SweepError, SweepJob, expand_sweep, job_key, load_sweep,
-                    result_record)
+from .sweep import (ResultsLog, SweepError, SweepJob, expand_sweep, job_key, job_scope,
+                    load_sweep, result_record)
 from .workflow import WorkflowError, load_workflow, validate
 
 OK, FAILED, INVALID = 0, 1, 2
@@ -128,8 +128,12 @@ def _local_registry() -> Mapping[str, type]:
 
 def _jobs(workflow: dict, args, registry) -> list[SweepJob]:
     if args.sweep:
-        return expand_sweep(workflow, load_sweep(args.sweep), registry)
-    return [SweepJob(1, {}, workflow, job_key(workflow))]
+        return expand_sweep(workflow, load_sweep(args.sweep), registry, _scope(args))
+    return [SweepJob(1, {}, workflow, job_key(workflow, _scope(args)))]
+
+
+def _scope(args) -> str:
+    return job_scope(args.out, args.server)
 
 
 def _results_log(args) -> ResultsLog | None:
@@ -174,6 +178,8 @@ def _run_here(jobs: list[SweepJob], total: int, args, registry, results: Results
     if jobs:
         for warning in validated[jobs[0].index].warnings:
             print(f"warning: {warning}", file=err)
+    if results is not None:
+        jobs = [job for job in jobs if not _recovered(job, validated[job.index], results, total)]
 
     stop = _StopRequest()
     try:
@@ -197,6 +203,8 @@ def _run_jobs_here(jobs, total, validated, registry, results, display, stop) -> 
             print(header, file=err)
         run_id = uuid.uuid4().hex
         started = time.perf_counter()
+        listener = _file_recorder(results, job, run_id)
+        host.add_output_listener(listener)
         try:
             result = execute(validated.pop(job.index), registry, on_event=display,
                              run_id=run_id)
@@ -213,6 +221,8 @@ def _run_jobs_here(jobs, total, validated, registry, results, display, stop) -> 
                 return FAILED
             status = FAILED
             continue
+        finally:
+            host.remove_output_listener(listener)
         display.close()
         _print_summary(result.seconds, result.peak.as_dict(), result.files)
         if results is not None:
@@ -220,6 +230,34 @@ def _run_jobs_here(jobs, total, validated, registry, results, display, stop) -> 
                 job.job_key, job.settings, status="success", seconds=result.seconds,
                 files=result.files, run_id=result.run_id, peak=result.peak.as_dict()))
     return status
+
+
+def _file_recorder(results: ResultsLog | None, job: SweepJob, run_id: str):
+    """Output listener writing a job's "writing" lines (no results file: nothing to record)."""
+    def record(node_id: str, path) -> None:
+        if results is not None:
+            results.writing(job.job_key, node_id, path, run_id)
+    return record
+
+
+def _recovered(job: SweepJob, validated, results: ResultsLog, total: int) -> bool:
+    """A job whose previous attempt wrote every video and was killed before its "success" line:
+    recorded as succeeded from its files instead of running again."""
+    orphans = results.orphans(job.job_key)
+    savers = {node_id for node_id in validated.order
+              if validated.nodes[node_id]["class_type"] == "WanEnhancedSaveVideo"}
+    if not savers or not savers <= set(orphans) or \
+            not all(Path(orphans[node_id]).is_file() for node_id in savers):
+        return False
+    files = [orphans[node_id] for node_id in sorted(savers)]
+    record = result_record(job.job_key, job.settings, status="success", seconds=0.0,
+                           files=files, run_id=None, error=None)
+    record["recovered"] = True
+    results.append(record)
+    name = _job_header(job, total) or "the job"
+    print(f"{name}: its video was written before the previous run stopped; recorded from "
+          f"{', '.join(files)}, not run again", file=sys.stderr)
+    return True
 
 
 class _StopRequest:

@@ -16,9 +16,15 @@ A value that is not a list is a single value. The jobs are the Cartesian product
 order: keys in file order, the last key varying fastest.
 
 Every finished job appends one JSON line to the results file. A job's key is a hash of the
-workflow it runs (class types and inputs after the settings are applied), so re-running the same
-sweep skips the jobs that already have a "success" line and a crashed batch resumes where it
-stopped; changing the workflow or a value gives new keys.
+workflow it runs (class types and inputs after the settings are applied) and of where its files
+go (the output folder; with --server also the server), so re-running the same sweep skips the
+jobs that already have a "success" line and a crashed batch resumes where it stopped; changing
+the workflow, a value or the output folder gives new keys.
+
+Just before a job's video is renamed into place a "writing" line names the file. A job stopped
+between its video and its "success" line (kill -9) thus left a "writing" line whose file exists:
+the rerun records that job as succeeded from its file (status "success", "recovered": true)
+instead of running it again and writing a second copy.
 """
 
 from __future__ import annotations
@@ -79,8 +85,8 @@ def load_sweep(path: str | Path) -> dict[str, list]:
     return sweep
 
 
-def expand_sweep(workflow: Mapping, sweep: Mapping[str, list], registry: Registry) \
-        -> list[SweepJob]:
+def expand_sweep(workflow: Mapping, sweep: Mapping[str, list], registry: Registry,
+                 scope: str = "") -> list[SweepJob]:
     """One job per combination of values, each with its own copy of the workflow."""
     targets = {key: resolve_key(workflow, key, registry) for key in sweep}
     seen: dict[tuple, str] = {}
@@ -97,7 +103,7 @@ def expand_sweep(workflow: Mapping, sweep: Mapping[str, list], registry: Registr
         settings = dict(zip(typed, combination))
         for key, value in settings.items():
             set_input(job_workflow, targets[key], value)
-        jobs.append(SweepJob(index, settings, job_workflow, job_key(job_workflow)))
+        jobs.append(SweepJob(index, settings, job_workflow, job_key(job_workflow, scope)))
     return jobs
 
 
@@ -142,10 +148,13 @@ def _typed(key: str, target: Target, value: Any) -> Any:
         raise SweepError(f"sweep key {key!r}, value {value!r}: {exc}") from None
 
 
-def job_key(workflow: Mapping) -> str:
-    """A stable hash of what a job runs: class types and inputs (titles and layout excluded)."""
+def job_key(workflow: Mapping, scope: str = "") -> str:
+    """A stable hash of what a job runs: class types and inputs (titles and layout excluded),
+    and `scope`: where it runs and writes (see job_scope)."""
     essence = {node_id: {"class_type": node.get("class_type"), "inputs": node.get("inputs")}
                for node_id, node in workflow.items() if isinstance(node, Mapping)}
+    if scope:
+        essence = {"workflow": essence, "scope": scope}
     text = json.dumps(essence, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
                       default=repr)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
@@ -185,6 +194,24 @@ class ResultsLog:
     def succeeded(self) -> set[str]:
         return {r.get("job_key") for r in self.records if r.get("status") == "success"}
 
+    def orphans(self, key: str) -> dict[str, str]:
+        """{node id: file} of the "writing" lines of `key`'s last attempt, when that attempt
+        ended without a line of its own (the process was killed); empty otherwise."""
+        written: dict[str, str] = {}
+        for record in self.records:
+            if record.get("job_key") != key:
+                continue
+            if record.get("status") == "writing":
+                written[str(record.get("node"))] = str(record.get("file"))
+            else:
+                written = {}  # a finished attempt: its files are accounted for
+        return written
+
+    def writing(self, key: str, node: str, path: str | Path, run_id: str) -> None:
+        """Record, before a file is renamed into place, that this job writes it."""
+        self.append({"job_key": key, "status": "writing", "node": str(node), "file": str(path),
+                     "run_id": run_id})
+
     def append(self, record: dict) -> None:
         line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +227,12 @@ class ResultsLog:
         with open(self.path, "rb") as f:
             f.seek(-1, os.SEEK_END)
             return f.read(1) == b"\n"
+
+
+def job_scope(out: str | Path, server: str | None = None) -> str:
+    """Where a job's files go: the resolved output folder, and the server when there is one."""
+    folder = f"out={Path(out).resolve()}"
+    return f"server={server.rstrip('/')};{folder}" if server else folder
 
 
 def result_record(job_key_value: str, settings: Mapping, *, status: str, seconds: float,

@@ -1,0 +1,167 @@
+"""Sweep bookkeeping that survives reruns and kills: jobs are keyed on the output folder too, a
+video written just before a kill is recorded instead of written twice, and the hidden temporary
+files of killed writers are cleaned up."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from wan_enhanced import host
+from wan_enhanced.atomic_files import remove_stale_partials, write_atomically
+from wan_enhanced.checkpoints import tiny
+from wan_enhanced.runner import cli
+from wan_enhanced.runner.sweep import ResultsLog
+
+WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / \
+    "wan22_ti2v_5b_speed_preview.json"
+DIT, VAE, TE = "dit.safetensors", "vae.safetensors", "te.safetensors"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return tiny.write_models_folder(root, dit_name=DIT, vae_name=VAE, text_encoder_name=TE,
+                                    kind="ti2v")
+
+
+@pytest.fixture
+def sweep(tmp_path, models):
+    workflow = json.loads(WORKFLOW.read_text())
+    workflow["1"]["inputs"].update(model_name=DIT, weight_dtype="fp32")
+    workflow["2"]["inputs"].update(text_encoder_name=TE, dtype="fp32", device="cpu")
+    workflow["3"]["inputs"].update(vae_name=VAE, dtype="fp32")
+    workflow["5"]["inputs"].update(width=64, height=64, frames=5)
+    workflow["6"]["inputs"].update(steps=1)
+    path = tmp_path / "workflow.json"
+    path.write_text(json.dumps(workflow))
+    values = tmp_path / "sweep.json"
+    values.write_text(json.dumps({"seed": [1, 2]}))
+    yield path, values, models
+    host.set_headless_folders(models="models", output="output")
+
+
+def run_sweep(sweep, out, results) -> int:
+    workflow, values, models = sweep
+    return cli.main(["run", str(workflow), "--sweep", str(values), "--models", str(models),
+                     "--out", str(out), "--results", str(results), "--quiet"])
+
+
+def videos(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*.mp4"))
+
+
+def test_a_new_output_folder_runs_the_sweep_again(sweep, tmp_path):
+    results = tmp_path / "results.jsonl"
+    assert run_sweep(sweep, tmp_path / "a", results) == 0
+    assert len(videos(tmp_path / "a")) == 2
+    assert run_sweep(sweep, tmp_path / "b", results) == 0
+    assert len(videos(tmp_path / "b")) == 2  # it used to write nothing and exit 0
+    assert run_sweep(sweep, tmp_path / "a", results) == 0
+    assert len(videos(tmp_path / "a")) == 2  # the same folder: skipped
+    success = [r for r in ResultsLog(results).records if r["status"] == "success"]
+    assert len(success) == 4 and len({r["job_key"] for r in success}) == 4
+
+
+class Killed(BaseException):
+    """What the process sees of kill -9: nothing after this point runs."""
+
+
+def test_video_written_before_a_kill_is_recorded_not_written_again(sweep, tmp_path,
+                                                                   monkeypatch):
+    results, out = tmp_path / "results.jsonl", tmp_path / "out"
+    real_append = ResultsLog.append
+
+    def append(log, record):
+        if record["status"] == "success":
+            raise Killed  # killed after the video, before its line
+        real_append(log, record)
+
+    monkeypatch.setattr(ResultsLog, "append", append)
+    with pytest.raises(Killed):
+        run_sweep(sweep, out, results)
+    monkeypatch.undo()
+    assert videos(out) == ["ti2v_speed_preview_00001.mp4"]
+    assert [r["status"] for r in ResultsLog(results).records] == ["writing"]
+
+    assert run_sweep(sweep, out, results) == 0
+    assert videos(out) == ["ti2v_speed_preview_00001.mp4", "ti2v_speed_preview_00002.mp4"]
+    records = [r for r in ResultsLog(results).records if r["status"] == "success"]
+    assert len(records) == 2 and records[0].get("recovered") is True
+    assert records[0]["outputs"] == [str(out / "wan" / "ti2v_speed_preview_00001.mp4")]
+    assert records[0]["settings"] == {"seed": 1} and records[1]["settings"] == {"seed": 2}
+
+
+KILLED_WHILE_ENCODING = """
+import os, sys
+from wan_enhanced.nodes import video
+from wan_enhanced.runner import cli
+video.save_mp4 = lambda *args, **kwargs: os._exit(9)  # kill -9 in the middle of the encode
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_video_that_was_not_finished_is_made_again(sweep, tmp_path):
+    import subprocess
+    import sys
+
+    results, out = tmp_path / "results.jsonl", tmp_path / "out"
+    workflow, values, models = sweep
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_WHILE_ENCODING)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, str(script), "run", str(workflow), "--sweep",
+                           str(values), "--models", str(models), "--out", str(out),
+                           "--results", str(results), "--quiet"], env=env, capture_output=True)
+    assert done.returncode == 9, done.stderr
+    assert videos(out) == [] and [r["status"] for r in ResultsLog(results).records] == ["writing"]
+    assert run_sweep(sweep, out, results) == 0
+    assert len(videos(out)) == 2
+    assert not any(r.get("recovered") for r in ResultsLog(results).records)
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid += 1
+
+
+def test_stale_partials_are_removed_and_their_numbers_freed(sweep, tmp_path):
+    out = tmp_path / "out"
+    (out / "wan").mkdir(parents=True)
+    dead = out / "wan" / f".ti2v_speed_preview_00007.mp4.{_dead_pid()}-0123abcd.partial"
+    legacy = out / "wan" / ".ti2v_speed_preview_00005.mp4.89abcdef.partial"
+    live = out / "wan" / f".ti2v_speed_preview_00003.mp4.{os.getpid()}-fedcba98.partial"
+    for path in (dead, legacy, live):
+        path.write_bytes(b"half a video")
+    old = time.time() - 2 * 3600
+    os.utime(legacy, (old, old))
+    assert run_sweep(sweep, out, tmp_path / "results.jsonl") == 0
+    assert not dead.exists() and not legacy.exists()
+    assert live.exists()  # a writer that still runs keeps its file
+    assert videos(out) == ["ti2v_speed_preview_00004.mp4", "ti2v_speed_preview_00005.mp4"]
+
+
+def test_atomic_writes_clean_their_folder_and_keep_normal_permissions(tmp_path):
+    stale = tmp_path / f".log.json.{_dead_pid()}-00112233.partial"
+    young = tmp_path / ".log.json.44556677.partial"  # an older version's, not an hour old
+    other = tmp_path / ".hidden.txt"
+    for path in (stale, young, other):
+        path.write_text("x")
+    write_atomically(tmp_path / "log.json", b"{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".hidden.txt", ".log.json.44556677.partial", "log.json"])
+    assert remove_stale_partials(tmp_path) == []
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "log.json").stat().st_mode & 0o777 == 0o666 & ~umask

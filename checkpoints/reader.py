@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -163,7 +164,8 @@ class TorchFileSource(TensorSource):
         except pickle.UnpicklingError as exc:
             raise CheckpointError(
                 f"{path}: refused to load: the file needs arbitrary code to unpickle, which is "
-                f"never run; only plain state dicts of tensors are accepted ({exc})") from exc
+                f"never run; only plain state dicts of tensors are accepted"
+                f"{unpickling_reason(exc)}") from exc
         except (RuntimeError, OSError, EOFError, ValueError) as exc:
             raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({exc})") from exc
         for wrapper in ("state_dict", "model", "module"):
@@ -190,6 +192,23 @@ class TorchFileSource(TensorSource):
 
     def close(self):
         self._state = {}
+
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def unpickling_reason(error: Exception) -> str:
+    """What the file asked for, from torch's refusal: its terminal colour codes and its advice
+    to load the file unsafely left out."""
+    text = _TERMINAL_CODES.sub("", str(error))
+    found = _GLOBAL.search(text)
+    if found:
+        return f" (it refers to {found.group(1)})"
+    first = next((line.strip() for line in text.splitlines()
+                  if line.strip() and "weights_only" not in line and "Weights only" not in line),
+                 "")
+    return f" ({first[:200]})" if first else ""
 
 
 def _find_index(folder: Path) -> Path | None:

@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 
 from ..checkpoints.tiny import write_models_folder
+from ..safe_paths import folder_problem
+from .run_command import FAILED, INVALID
 from ..profiling.events import current_log, start_run
 from ..profiling.report import build_report
 
@@ -42,6 +44,10 @@ def run(args) -> int:
     from .cli import build_parser
 
     out = Path(args.out)
+    problem = folder_problem(out)
+    if problem is not None:  # said before minutes of model building, not as a traceback after
+        print(f"error: --out {out}: {problem}", file=sys.stderr)
+        return INVALID
     with tempfile.TemporaryDirectory(prefix="wan-enhanced-demo-") as models:
         print(f"building tiny random-weight models in {models}", file=sys.stderr)
         write_models_folder(models, dit_name="wan2.2_ti2v_5B_fp16.safetensors",
@@ -55,7 +61,11 @@ def run(args) -> int:
         start_run()
         run_args = build_parser().parse_args(argv)
         code = run_args.func(run_args)
-    log_path = current_log().save(out / "memory_events.json")
-    print(f"memory events: {log_path}", file=sys.stderr)
-    print(f"memory report: {build_report(log_path)}", file=sys.stderr)
+    try:
+        log_path = current_log().save(out / "memory_events.json")
+        print(f"memory events: {log_path}", file=sys.stderr)
+        print(f"memory report: {build_report(log_path)}", file=sys.stderr)
+    except OSError as error:
+        print(f"error: {error.strerror or error}", file=sys.stderr)
+        return code or FAILED
     return code

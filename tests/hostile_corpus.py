@@ -118,6 +118,30 @@ def apply(case: Case) -> dict:
     return workflow
 
 
+OUTPUTS = ("8", "9", "11")
+
+
+def only_outputs_reaching(workflow: dict, node: str) -> dict:
+    """The workflow without the output nodes that do not depend on `node` (and the nodes only
+    they need). ComfyUI queues the outputs that validate and runs them beside the refused
+    ones; a test of one refusal keeps only the outputs it refuses, so that nothing runs."""
+    outputs = [out for out in OUTPUTS if _depends(workflow, out, node)]
+    return {k: v for k, v in workflow.items() if any(_depends(workflow, out, k) for out in outputs)}
+
+
+def _depends(workflow: dict, output: str, node: str) -> bool:
+    stack, seen = [output], set()
+    while stack:
+        current = stack.pop()
+        if current == node:
+            return True
+        if current in seen or current not in workflow:
+            continue
+        seen.add(current)
+        stack += [v[0] for v in workflow[current]["inputs"].values() if isinstance(v, list)]
+    return False
+
+
 def cases(setting: Setting) -> list[Case]:
     return (_traversal_cases(setting) + _number_cases() + _oversized_cases()
             + _wrong_kind_cases() + _cross_node_cases())

@@ -1,5 +1,7 @@
 """The package inside a real ComfyUI: it loads without import errors, every node is listed in
-/object_info with the inputs we declare, and the demo workflow runs through /prompt to an MP4.
+/object_info with the inputs we declare, the demo workflow runs through /prompt to an MP4, and
+the hostile-workflow corpus (hostile_corpus.py) is refused by /prompt itself at the same node and
+input as by our command line, with nothing written and no server path in the answer.
 
 Needs a host made by ../shared/tools/comfyui-host.sh (COMFYUI_HOME); skipped without one.
 """
@@ -10,14 +12,16 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+import hostile_corpus as corpus
 from wan_enhanced import NODE_CLASS_MAPPINGS
 from wan_enhanced.checkpoints.tiny import write_models_folder
-from wan_enhanced.runner.client import Client
+from wan_enhanced.runner.client import Client, RemoteRunError
 from wan_enhanced.runner.demo_command import DEMO_SETTINGS, WORKFLOW
 from wan_enhanced.runner.overrides import apply_overrides
 from wan_enhanced.runner.workflow import load_workflow
@@ -43,9 +47,12 @@ def server(tmp_path_factory):
     models = write_models_folder(root / "models", dit_name="wan2.2_ti2v_5B_fp16.safetensors",
                                  vae_name="wan2.2_vae.safetensors",
                                  text_encoder_name="umt5_xxl_fp16.safetensors", kind="ti2v")
+    hostile = corpus.make_setting(root / "hostile")
     config = root / "extra_models.yaml"
-    config.write_text(f"wan_test:\n  base_path: {models}\n  diffusion_models: diffusion_models\n"
-                      f"  text_encoders: text_encoders\n  vae: vae\n")
+    config.write_text("".join(
+        f"{name}:\n  base_path: {base}\n  diffusion_models: diffusion_models\n"
+        f"  text_encoders: text_encoders\n  vae: vae\n  clip_vision: clip_vision\n"
+        for name, base in (("wan_test", models), ("wan_hostile", hostile.models))))
     link = COMFY / "custom_nodes" / PACK.name
     if not link.exists():
         link.symlink_to(PACK)
@@ -70,7 +77,7 @@ def server(tmp_path_factory):
         process.kill()
     if process.poll() is not None:
         pytest.fail("ComfyUI did not start:\n" + (root / "server.log").read_text()[-3000:])
-    yield url, root
+    yield url, root, hostile
     process.terminate()
     try:
         process.wait(timeout=20)
@@ -80,14 +87,14 @@ def server(tmp_path_factory):
 
 
 def test_pack_loads_without_import_error(server):
-    _, root = server
+    _, root, _ = server
     text = (root / "server.log").read_text()
     assert "IMPORT FAILED" not in "\n".join(l for l in text.splitlines() if PACK.name in l)
     assert PACK.name in text
 
 
 def test_object_info_lists_every_node(server):
-    url, _ = server
+    url, _, _ = server
     info = json.load(urllib.request.urlopen(url + "/object_info", timeout=30))
     for node_id, cls in NODE_CLASS_MAPPINGS.items():
         assert node_id in info, node_id
@@ -101,7 +108,7 @@ def test_object_info_lists_every_node(server):
 
 
 def test_demo_workflow_runs_through_prompt(server, tmp_path):
-    url, _ = server
+    url, _, _ = server
     client = Client(url, timeout=60)
     registry = client.registry()
     workflow = apply_overrides(load_workflow(WORKFLOW), list(DEMO_SETTINGS), registry)
@@ -109,3 +116,73 @@ def test_demo_workflow_runs_through_prompt(server, tmp_path):
     videos = [f for f in result.files if str(f).endswith(".mp4")]
     assert result.status == "success" and len(videos) == 1
     assert Path(videos[0]).stat().st_size > 1000
+
+
+# -- the hostile corpus through /prompt ----------------------------------------------------------
+
+CASES = corpus.cases(corpus.placeholder_setting())
+
+
+def _post(url: str, workflow: dict) -> tuple[int, dict]:
+    body = json.dumps({"prompt": workflow, "client_id": "hostile"}).encode()  # NaN as NaN
+    request = urllib.request.Request(url + "/prompt", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _names_input(error: dict, name: str) -> bool:
+    if error.get("type") == "custom_validation_failed":  # our VALIDATE_INPUTS: "input: problem"
+        return f"{name}: " in error.get("details", "")
+    return (error.get("extra_info") or {}).get("input_name") == name
+
+
+def test_base_of_the_corpus_is_accepted(server):
+    url, root, hostile = server
+    workflow = corpus.base_workflow()
+    workflow.pop("9")  # only validation matters here: no run that writes a log
+    workflow.pop("11")
+    workflow.pop("8")
+    workflow["12"] = {"class_type": "WanEnhancedMemoryProbe",
+                      "inputs": {"value": ["5", 0], "label": "latent"}}
+    status, reply = _post(url, workflow)
+    assert status == 200, reply
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES if not c.embedded_only])
+def test_hostile_case_is_refused_by_comfyui(server, name):
+    url, root, hostile = server
+    case = next(c for c in corpus.cases(hostile) if c.name == name)
+    before = (corpus.tree(root / "out"), corpus.tree(hostile.models),
+              hostile.victim.read_text())
+    status, reply = _post(url, corpus.only_outputs_reaching(corpus.apply(case), case.node))
+    assert status == 400, reply
+    errors = reply.get("node_errors", {}).get(case.node, {}).get("errors", [])
+    assert any(_names_input(e, case.input) for e in errors), reply
+    text = json.dumps(reply)
+    for sent in case.changes.values():  # the answer may quote what was posted, nothing more
+        text = text.replace(json.dumps(str(sent))[1:-1], "")
+    assert str(hostile.models) not in text and str(root / "out") not in text  # no server paths
+    assert (corpus.tree(root / "out"), corpus.tree(hostile.models),
+            hostile.victim.read_text()) == before
+    assert "this must never run" not in (root / "server.log").read_text()
+
+
+@pytest.mark.parametrize("name, node, message", [
+    ("wan21-vae-with-ti2v", "7", "cannot be decoded by vae21.safetensors"),
+    ("width-off-ti2v-stride", "5", "width 80 is not a multiple of 32"),
+])
+def test_cross_node_mistakes_are_refused_by_the_first_node_that_knows(server, tmp_path, name,
+                                                                      node, message):
+    """/prompt sees one node at a time; the node that can tell refuses when it runs."""
+    url, _, hostile = server
+    case = next(c for c in corpus.cases(hostile) if c.name == name)
+    workflow = corpus.apply(case)
+    workflow["9"]["inputs"]["save_log"] = ""
+    client = Client(url, timeout=120)
+    with pytest.raises(RemoteRunError) as caught:
+        client.run(workflow, tmp_path / "downloads")
+    assert message in str(caught.value) and f"node {node}" in str(caught.value)

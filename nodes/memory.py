@@ -58,11 +58,11 @@ class WanMemoryProbe:
             with node_errors(self.DISPLAY):
                 path = (log_path(save_log) if save_log else default_log_path(log.run["id"]))
                 log.save(path)
-            ui["memory_log"] = [str(path)]
+            ui["memory_log"] = [host.hide_server_paths(str(path))]
         if write_report:
             from ..profiling.report import build_report
 
-            ui["memory_report"] = [str(build_report(path, path.parent))]
+            ui["memory_report"] = [host.hide_server_paths(str(build_report(path, path.parent)))]
         return {"ui": ui, "result": (value,)}
 
 

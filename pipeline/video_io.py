@@ -75,15 +75,17 @@ def _av():
 def next_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Path:
     """The next free name folder/prefix_00001.mp4, prefix_00002.mp4, …, as ComfyUI numbers its
     outputs. `prefix` may name subfolders ("wan/clip"), which are created and must stay inside
-    `folder` (safe_paths.py: no absolute path, no '..', no link leading out). The number follows the highest one in use with any extension (a video's preview
-    image keeps its number) and files still being written count as in use."""
+    `folder` (safe_paths.py: no absolute path, no '..', no link leading out). The number
+    follows the highest one in use with any extension (a video's preview image keeps its
+    number) and files still being written count as in use."""
     folder = Path(folder)
     problem = name_problem(prefix)
     if problem is not None:
         raise UnsafePathError(f"filename_prefix: {problem}")
     *subfolders, name = relative_parts(prefix) or ("",)
     if not name or prefix.replace("\\", "/").endswith("/"):
-        raise UnsafePathError(f"filename_prefix: {prefix!r} has an empty file name (it ends in a folder)")
+        raise UnsafePathError(f"filename_prefix: {prefix!r} has an empty file name (it ends "
+                              f"in a folder)")
     target = folder.joinpath(*subfolders)
     check_inside(folder, target / name, "filename_prefix", prefix)
     ext = ext if ext.startswith(".") else f".{ext}"

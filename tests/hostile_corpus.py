@@ -191,7 +191,8 @@ def _oversized_cases() -> list[Case]:
 
 
 def _wrong_kind_cases() -> list[Case]:
-    return [Case(f"{name}-{value}", {f"{node}.{name}": value}, node, name) for node, name, value in (
+    return [Case(f"{name}-{value}", {f"{node}.{name}": value}, node, name)
+            for node, name, value in (
         ("1", "model_name", "a_vae.safetensors"), ("1", "model_name", "a_clip.safetensors"),
         ("3", "vae_name", "a_dit.safetensors"), ("3", "vae_name", "a_text_encoder.safetensors"),
         ("3", "vae_name", "notes.safetensors"), ("3", "vae_name", "payload.pth"),

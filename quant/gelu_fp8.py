@@ -10,7 +10,6 @@ PyTorch path rounds the GELU to bf16 first: a difference of bf16 rounding).
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import torch
@@ -21,14 +20,13 @@ from .rowwise import FP8, quantize_rows
 MAX_WIDTH = 32768  # one row in one program's registers
 
 
-@functools.cache
-def _triton_importable() -> bool:
-    return importlib.util.find_spec("triton") is not None
+# Decided at import: under torch.compile these checks must be plain constants (a cached
+# function or a registration inside the traced code would split the compiled graph).
+TRITON = importlib.util.find_spec("triton") is not None
 
 
 def fused_gelu_available(x: torch.Tensor) -> bool:
-    return (x.is_cuda and torch.version.hip is None and x.shape[-1] <= MAX_WIDTH
-            and _triton_importable())
+    return x.is_cuda and torch.version.hip is None and x.shape[-1] <= MAX_WIDTH and TRITON
 
 
 def gelu_quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,8 +47,7 @@ def _launch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
-@functools.cache
-def _custom_op():
+def _register():
     namespace, name = "wan_enhanced_quant", "gelu_fp8_rows"
     existing = getattr(getattr(torch.ops, namespace), name, None)
     if existing is not None:
@@ -68,9 +65,12 @@ def _custom_op():
     return gelu_fp8_rows
 
 
+GELU_FP8_ROWS = _register()
+
+
 def gelu_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """GELU(x) [M, K] as fp8 codes and float32 scales [M, 1]: the kernel on CUDA, the PyTorch
     statement elsewhere."""
     if fused_gelu_available(x):
-        return _custom_op()(x)
+        return GELU_FP8_ROWS(x)
     return gelu_quantize_reference(x)

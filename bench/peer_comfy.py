@@ -29,7 +29,7 @@ each side's output is compared with it: max |out - ref| / max |ref| and ||out - 
 --profile: a kernel table of one forward per side and mode (torch.profiler), per block.
 --quick: tiny models on the CPU (or GPU) to check the script; times mean nothing there.
 Rows go to DIR/peer_comfy.json and DIR/peer_comfy.md after every case; a later run into the same
-folder replaces the rows of the cases it runs and keeps the others.
+folder replaces the rows of the cases and modes it runs and keeps the others.
 """
 
 from __future__ import annotations
@@ -326,8 +326,8 @@ def save(out_dir: Path, rows: list[dict], meta: dict, profiles: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "peer_comfy.json"
     old = json.loads(path.read_text()) if path.is_file() else {"rows": [], "commands": []}
-    cases = {r["case"] for r in rows}
-    kept = [r for r in old["rows"] if r["case"] not in cases]
+    done = {(r["case"], r["mode"]) for r in rows}
+    kept = [r for r in old["rows"] if (r["case"], r["mode"]) not in done]
     order = {c: i for i, c in enumerate(CASES)}
     all_rows = sorted(kept + rows, key=lambda r: (order.get(r["case"], 9),
                                                   MODES.index(r["mode"])))

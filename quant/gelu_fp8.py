@@ -29,12 +29,16 @@ def fused_gelu_available(x: torch.Tensor) -> bool:
     return x.is_cuda and torch.version.hip is None and x.shape[-1] <= MAX_WIDTH and TRITON
 
 
-def gelu_quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PyTorch statement: float32 GELU, then per-row fp8 codes and scales [M, 1]."""
-    return quantize_rows(F.gelu(x.float(), approximate="tanh"), FP8)
+def gelu_quantize_reference(x: torch.Tensor, bias: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PyTorch statement: float32 GELU of x (+ bias), then per-row fp8 codes and scales
+    [M, 1]."""
+    x = x.float() if bias is None else x.float() + bias.float()
+    return quantize_rows(F.gelu(x, approximate="tanh"), FP8)
 
 
-def _launch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(x: torch.Tensor, bias: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     from .gelu_rows_kernel import gelu_fp8_rows_kernel
 
     rows, width = x.shape
@@ -42,7 +46,8 @@ def _launch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
     block = 1 << (width - 1).bit_length()
-    gelu_fp8_rows_kernel[(rows,)](x, codes, scales, width, BLOCK=block,
+    gelu_fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales,
+                                  width, HAS_BIAS=bias is not None, BLOCK=block,
                                   num_warps=16 if block >= 8192 else 8)
     return codes, scales
 
@@ -54,11 +59,12 @@ def _register():
         return existing
 
     @torch.library.custom_op(f"{namespace}::{name}", mutates_args=())
-    def gelu_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _launch(x)
+    def gelu_fp8_rows(x: torch.Tensor, bias: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _launch(x, bias)
 
     @gelu_fp8_rows.register_fake
-    def _(x):
+    def _(x, bias):
         return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
                 x.new_empty(x.shape[0], 1, dtype=torch.float32))
 
@@ -68,9 +74,10 @@ def _register():
 GELU_FP8_ROWS = _register()
 
 
-def gelu_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """GELU(x) [M, K] as fp8 codes and float32 scales [M, 1]: the kernel on CUDA, the PyTorch
-    statement elsewhere."""
+def gelu_quantize(x: torch.Tensor, bias: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """GELU(x + bias) [M, K] as fp8 codes and float32 scales [M, 1]: the kernel on CUDA, the
+    PyTorch statement elsewhere."""
     if fused_gelu_available(x):
-        return GELU_FP8_ROWS(x)
-    return gelu_quantize_reference(x)
+        return GELU_FP8_ROWS(x, bias)
+    return gelu_quantize_reference(x, bias)

@@ -127,15 +127,27 @@ class Fp8Linear(QuantizedLinear):
                                 self.weight_scale)
         return self._finish(out, x.dtype, lead)
 
-    def gelu_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """self(gelu_tanh(x)). Where the fp8 matmul runs, the GELU and the activations' fp8
-        quantization are one pass over x (quant/gelu_fp8.py) instead of three."""
-        if self.fast and (fp8_matmul_unavailable(x.device)
-                          or fp8_shape_unsupported(self.in_features, self.out_features)) is None:
+    def runs_fp8_matmul(self, device: torch.device) -> bool:
+        return self.fast and (fp8_matmul_unavailable(device) or fp8_shape_unsupported(
+            self.in_features, self.out_features)) is None
+
+    def scaled_forward_without_bias(self, x: torch.Tensor) -> torch.Tensor:
+        """The fp8 matmul without the bias (which the next step adds: gelu_forward)."""
+        out = fp8_scaled_matmul(x.reshape(-1, self.in_features), self.weight,
+                                self.weight_scale)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def gelu_forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """self(gelu_tanh(x + bias)). Where the fp8 matmul runs, the bias, the GELU and the
+        activations' fp8 quantization are one pass over x (quant/gelu_fp8.py) instead of
+        four."""
+        if self.runs_fp8_matmul(x.device):
             lead = x.shape[:-1]
-            codes, scales = gelu_quantize(x.reshape(-1, self.in_features))
+            codes, scales = gelu_quantize(x.reshape(-1, self.in_features), bias)
             out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale)
             return self._finish(out, x.dtype, lead)
+        if bias is not None:
+            x = x + bias.to(x.dtype)
         return self(F.gelu(x, approximate="tanh"))
 
     def _finish(self, out: torch.Tensor, dtype: torch.dtype, lead) -> torch.Tensor:

@@ -87,6 +87,9 @@ def test_gelu_forward_of_a_fp8_layer_equals_gelu_then_forward_on_the_cpu():
     with pytest.warns(RuntimeWarning):  # no fp8 matmul on the CPU: the dequantizing forward
         expected = layer(torch.nn.functional.gelu(x, approximate="tanh"))
     assert torch.equal(layer.gelu_forward(x), expected)
+    bias = torch.randn(64)
+    expected = layer(torch.nn.functional.gelu(x + bias, approximate="tanh"))
+    assert torch.equal(layer.gelu_forward(x, bias), expected)
 
 
 @pytest.mark.gpu
@@ -94,8 +97,9 @@ def test_gelu_fp8_rows_kernel_matches_its_statement():
     _cuda_or_skip()
     from wan_enhanced.quant import gelu_fp8
     x = (torch.randn(300, 14336, device="cuda") * 2).bfloat16()
-    codes, scales = gelu_fp8._launch(x)
-    ref_codes, ref_scales = gelu_fp8.gelu_quantize_reference(x)
+    bias = torch.randn(14336, device="cuda").bfloat16()
+    codes, scales = gelu_fp8._launch(x, bias)
+    ref_codes, ref_scales = gelu_fp8.gelu_quantize_reference(x, bias)
     assert torch.allclose(scales, ref_scales, rtol=1e-5)
     got, ref = codes.float() * scales, ref_codes.float() * ref_scales
     # codes equal but where float32 rounding of the GELU moves a value across a rounding edge

@@ -245,12 +245,17 @@ class WanBlock(nn.Module):
 
 
 def feed_forward(ffn: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
-    """Linear, tanh-GELU, linear; a second layer that can take the GELU into its input step
-    (fp8 matmuls: quant/linear.py gelu_forward) does."""
+    """Linear, tanh-GELU, linear. A second layer that can take the GELU into its input step
+    (fp8 matmuls: quant/linear.py gelu_forward) does, and then takes the first layer's bias
+    too when the first one runs an fp8 matmul."""
     first, act, second = ffn
-    hidden = first(h)
     gelu_forward = getattr(second, "gelu_forward", None)
-    return second(act(hidden)) if gelu_forward is None else gelu_forward(hidden)
+    if gelu_forward is None:
+        return second(act(first(h)))
+    fp8_first = getattr(first, "runs_fp8_matmul", None)
+    if fp8_first is not None and fp8_first(h.device):
+        return gelu_forward(first.scaled_forward_without_bias(h), first.bias)
+    return gelu_forward(first(h))
 
 
 class Head(nn.Module):

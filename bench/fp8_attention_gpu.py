@@ -104,12 +104,12 @@ def run_shape(name: str, args, device) -> dict:
         if args.configs:
             row["configs"] = {}
             from wan_enhanced.wan.fp8_attention_kernels import attention_configs
-            for config, fast in [(c, f) for c in attention_configs() for f in (True, False)]:
+            for config in attention_configs():
                 kw = dict(config.kwargs, num_warps=config.num_warps,
                           num_stages=config.num_stages)
-                label = "_".join(f"{k}{v}" for k, v in kw.items()) + f"_fast{int(fast)}"
+                label = "_".join(f"{k}{v}" for k, v in kw.items())
                 try:
-                    ms = bench_ms(lambda: fa._launch(q, k, v, kw, fast=fast))
+                    ms = bench_ms(lambda: fa._launch(q, k, v, kw))
                     row["configs"][label] = ms
                     print(f"    {label}: {ms:.2f} ms {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
                 except Exception as error:  # a configuration the compiler refuses

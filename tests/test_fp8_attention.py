@@ -111,8 +111,7 @@ def _cuda_fp8_or_skip():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("length", [1024, 1500, 4097])
-@pytest.mark.parametrize("fast", [True, False])
-def test_kernel_matches_its_pytorch_statement(length, fast):
+def test_kernel_matches_its_pytorch_statement(length):
     """Every output element written (poisoned first). With P and V in bf16 the kernel equals
     the emulation to bf16 rounding (the int8 scores are exact in both); with fp8 P V it stays
     within P's fp8 rounding of it (the online softmax rounds P against a running maximum)."""
@@ -121,7 +120,7 @@ def test_kernel_matches_its_pytorch_statement(length, fast):
     for pv_fp8, bound in ((False, 5e-3), (True, 0.05)):
         ops = fa.quantize_only(q, k, v, pv_fp8)
         out = torch.full_like(q, float("nan"))
-        fa.attend_quantized(ops, out, fast=fast)
+        fa.attend_quantized(ops, out)
         assert not out.isnan().any()
         emulated = fa.reference_fp8_attention(q, k, v, pv_fp8=pv_fp8).float()
         assert float((out.float() - emulated).norm() / emulated.norm()) < bound, pv_fp8

@@ -158,11 +158,7 @@ def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return ops
 
 
-FAST_SOFTMAX = False  # the kernel's FAST path (see _attend_block): measured slower on the H100
-
-
-def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = None,
-                     fast: bool | None = None) -> None:
+def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = None) -> None:
     """The attention kernel over quantized operands, written into out [B, L, heads, head_dim].
     config: BLOCK_M, BLOCK_N, num_warps, num_stages instead of the autotuned choice."""
     from . import fp8_attention_kernels as kernels
@@ -176,15 +172,14 @@ def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = 
     kernel = kernels.attention_kernel if config is None else kernels.attention_kernel.fn
     kernel[grid](ops.q8, ops.k8, ops.vt, ops.q_scale, ops.k_scale, ops.v_scale, out, length, lp,
                  heads, *out.stride()[:3], D=dim, KB=K_BLOCK, PV_FP8=ops.pv_fp8,
-                 FAST=FAST_SOFTMAX if fast is None else fast, **(config or {}))
+                 **(config or {}))
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-            config: dict | None = None, pv_fp8: bool = True,
-            fast: bool | None = None) -> torch.Tensor:
+            config: dict | None = None, pv_fp8: bool = True) -> torch.Tensor:
     ops = quantize_only(q, k, v, pv_fp8)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    attend_quantized(ops, out, config, fast)
+    attend_quantized(ops, out, config)
     return out
 
 

@@ -19,7 +19,6 @@ FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 INT8_MAX = tl.constexpr(127.0)
 K_BLOCK = tl.constexpr(128)  # tokens per key scale; BLOCK_N divides it
 P_SCALE = tl.constexpr(448.0)  # probabilities (0..1) are multiplied by this before their fp8 cast
-LOG2_P_SCALE = tl.constexpr(8.807354922057604)  # log2(448)
 
 
 @triton.jit
@@ -90,37 +89,22 @@ def quantize_vt_kernel(x_ptr, scale_ptr, out_ptr, L, Lp, H, stride_b, stride_l, 
 @triton.jit
 def _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, start_n, L, Lp,
                   BLOCK_N: tl.constexpr, D: tl.constexpr, KB: tl.constexpr,
-                  MASK: tl.constexpr, PV_FP8: tl.constexpr, FAST: tl.constexpr):
-    """One block of keys: scores, online softmax, P V. FAST: the int32 scores turned into
-    floats by the exponent trick (exact below 2^22: 127 * 127 * 128 is 2^21), the row maximum
-    taken before scaling (the scales are positive), the scale and the maximum applied in one
-    multiply-add, and P's fp8 factor folded into the exponent."""
+                  MASK: tl.constexpr, PV_FP8: tl.constexpr):
+    """One block of keys: int32 scores, online softmax in float32, P V."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     k = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :])
     scale = qs * tl.load(ks_base + start_n // KB)
-    raw = tl.dot(q, tl.trans(k))
-    if FAST:
-        s = (raw + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
-        if MASK:
-            s = tl.where(offs_n[None, :] < L, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
-        shift = m_new - LOG2_P_SCALE if PV_FP8 else m_new
-        p = tl.math.exp2(s * scale[:, None] - shift[:, None])
-    else:
-        s = raw.to(tl.float32) * scale[:, None]
-        if MASK:
-            s = tl.where(offs_n[None, :] < L, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+    s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale[:, None]
+    if MASK:
+        s = tl.where(offs_n[None, :] < L, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     vt = tl.load(vt_base + offs_d[:, None] * Lp + offs_n[None, :])
     if PV_FP8:
-        if FAST:
-            pv = tl.dot(p.to(tl.float8e4nv), tl.trans(vt))
-        else:
-            pv = tl.dot((p * P_SCALE).to(tl.float8e4nv), tl.trans(vt))
+        pv = tl.dot((p * P_SCALE).to(tl.float8e4nv), tl.trans(vt))
     else:
         pv = tl.dot(p.to(vt.dtype), tl.trans(vt))
     acc = acc * alpha[:, None] + pv
@@ -137,12 +121,11 @@ def attention_configs():
     return configs
 
 
-@triton.autotune(configs=attention_configs(), key=["L", "D", "PV_FP8", "FAST"])
+@triton.autotune(configs=attention_configs(), key=["L", "D", "PV_FP8"])
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, H,
                      stride_ob, stride_ol, stride_oh, D: tl.constexpr, KB: tl.constexpr,
-                     PV_FP8: tl.constexpr, FAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+                     PV_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -162,16 +145,13 @@ def attention_kernel(q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp,
     full = L - L % BLOCK_N
     for start_n in range(0, full, BLOCK_N):
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, start_n,
-                                      L, Lp, BLOCK_N, D, KB, False, PV_FP8, FAST)
+                                      L, Lp, BLOCK_N, D, KB, False, PV_FP8)
     if full < L:
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, full,
-                                      L, Lp, BLOCK_N, D, KB, True, PV_FP8, FAST)
+                                      L, Lp, BLOCK_N, D, KB, True, PV_FP8)
     if PV_FP8:
         vs = tl.load(vs_ptr + bh64 * D + offs_d)
-        if FAST:  # l_i summed the scaled probabilities: the factor cancels
-            out = acc * vs[None, :] / l_i[:, None]
-        else:
-            out = acc * (vs / P_SCALE)[None, :] / l_i[:, None]
+        out = acc * (vs / P_SCALE)[None, :] / l_i[:, None]
     else:
         out = acc / l_i[:, None]
     o = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh

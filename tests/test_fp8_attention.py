@@ -140,6 +140,18 @@ def test_kernel_error_against_exact_attention_at_a_wan_length():
 
 
 @pytest.mark.gpu
+def test_a_chunk_of_query_rows_equals_those_rows_of_the_whole():
+    """Eager blocks attend chunk by chunk of rows over all keys: the kernel takes fewer queries
+    than keys, with the same result for those rows."""
+    _cuda_fp8_or_skip()
+    q, k, v = _qkv(3000, heads=2, seed=11, device="cuda")
+    config = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3)
+    whole = fa._launch(q, k, v, config)
+    part = fa._launch(q[:, 1100:2300], k, v, config)
+    assert torch.equal(part, whole[:, 1100:2300])
+
+
+@pytest.mark.gpu
 def test_compiled_block_runs_the_kernel_as_one_operator():
     _cuda_fp8_or_skip()
     q, k, v = _qkv(2048, heads=2, seed=5, device="cuda")

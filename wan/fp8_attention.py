@@ -125,32 +125,34 @@ class Fp8Operands:
 
 def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   pv_fp8: bool = True) -> Fp8Operands:
-    """The kernel's operands of q, k, v [B, L, heads, head_dim] (the first of its two steps).
-    pv_fp8=False keeps V in bf16 for a bf16 P V product (more exact, slower)."""
+    """The kernel's operands of q [B, Lq, heads, head_dim] and k, v [B, L, heads, head_dim]
+    (the first of its two steps). pv_fp8=False keeps V in bf16 for a bf16 P V product (more
+    exact, slower)."""
     from . import fp8_attention_kernels as kernels
 
-    if q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"fp8 attention takes q, k, v of one shape; got {list(q.shape)}, "
-                         f"{list(k.shape)}, {list(v.shape)}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"fp8 attention takes q [B, Lq, H, D] and k, v [B, L, H, D]; got "
+                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    b, length, heads, dim = q.shape
-    lp = padded_length(length)
+    b, length, heads, dim = k.shape
+    lq, lp, lqp = q.shape[1], padded_length(length), padded_length(q.shape[1])
     bh = b * heads
     fp8 = torch.float8_e4m3fn
     ops = Fp8Operands(
-        q8=q.new_empty(bh, lp, dim, dtype=torch.int8),
+        q8=q.new_empty(bh, lqp, dim, dtype=torch.int8),
         k8=q.new_empty(bh, lp, dim, dtype=torch.int8),
         vt=q.new_empty(bh, dim, lp, dtype=fp8 if pv_fp8 else torch.bfloat16),
-        q_scale=q.new_empty(bh, lp, dtype=torch.float32),
+        q_scale=q.new_empty(bh, lqp, dtype=torch.float32),
         k_scale=q.new_empty(bh, lp // K_BLOCK, dtype=torch.float32),
         v_scale=(torch.linalg.vector_norm(v, ord=math.inf, dim=1, dtype=torch.float32)
                  .clamp_min(1e-30).div_(FP8_MAX).reshape(bh, dim).contiguous()
                  if pv_fp8 else q.new_ones(bh, dim, dtype=torch.float32)),
         length=length, pv_fp8=pv_fp8)
     k_mean = k.mean(dim=1, dtype=torch.float32).reshape(bh, dim).contiguous()
+    kernels.quantize_q_kernel[(lqp // K_BLOCK, bh)](
+        q, ops.q8, ops.q_scale, lq, lqp, heads, *q.stride()[:3], LOG2E / math.sqrt(dim),
+        BLOCK=K_BLOCK, D=dim)
     grid = (lp // K_BLOCK, bh)
-    kernels.quantize_q_kernel[grid](q, ops.q8, ops.q_scale, length, lp, heads, *q.stride()[:3],
-                                    LOG2E / math.sqrt(dim), BLOCK=K_BLOCK, D=dim)
     kernels.quantize_k_kernel[grid](k, k_mean, ops.k8, ops.k_scale, length, lp, heads,
                                     *k.stride()[:3], BLOCK=K_BLOCK, D=dim)
     kernels.quantize_vt_kernel[grid](v, ops.v_scale, ops.vt, length, lp, heads, *v.stride()[:3],
@@ -159,19 +161,19 @@ def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = None) -> None:
-    """The attention kernel over quantized operands, written into out [B, L, heads, head_dim].
+    """The attention kernel over quantized operands, written into out [B, Lq, heads, head_dim].
     config: BLOCK_M, BLOCK_N, num_warps, num_stages instead of the autotuned choice."""
     from . import fp8_attention_kernels as kernels
 
-    b, length, heads, dim = out.shape
-    bh, lp = b * heads, ops.q8.shape[1]
+    b, lq, heads, dim = out.shape
+    bh, lqp, lp = b * heads, ops.q8.shape[1], ops.k8.shape[1]
 
     def grid(meta):
-        return (triton_cdiv(length, meta["BLOCK_M"]), bh)
+        return (triton_cdiv(lq, meta["BLOCK_M"]), bh)
 
     kernel = kernels.attention_kernel if config is None else kernels.attention_kernel.fn
-    kernel[grid](ops.q8, ops.k8, ops.vt, ops.q_scale, ops.k_scale, ops.v_scale, out, length, lp,
-                 heads, *out.stride()[:3], D=dim, KB=K_BLOCK, PV_FP8=ops.pv_fp8,
+    kernel[grid](ops.q8, ops.k8, ops.vt, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length,
+                 lp, lq, lqp, heads, *out.stride()[:3], D=dim, KB=K_BLOCK, PV_FP8=ops.pv_fp8,
                  **(config or {}))
 
 
@@ -211,13 +213,12 @@ FP8_SELF_ATTENTION = _register()  # at import: never inside a compiled region
 
 
 def make_fp8_attention():
-    """The backend function: the fp8 kernel for self-attention over long sequences, SDPA for
-    short key sequences and unequal query/key lengths (text cross-attention). The operator is
-    looked up here, outside any compiled region."""
+    """The backend function: the fp8 kernel for attention over long key sequences (self-
+    attention, also for a chunk of query rows), SDPA for short ones (text cross-attention)."""
     op = FP8_SELF_ATTENTION
 
     def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if k.shape[1] < MIN_KEYS or q.shape != k.shape:
+        if k.shape[1] < MIN_KEYS:
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                  v.transpose(1, 2))
             return out.transpose(1, 2)
@@ -227,6 +228,7 @@ def make_fp8_attention():
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Attention over [B, L, heads, head_dim] (bf16/fp16) with the fp8 kernel where it applies
+    """Attention of q [B, Lq, heads, head_dim] over k, v [B, L, ...] (bf16/fp16) with the fp8
+    kernel where it applies
     (see make_fp8_attention). Callers check fp8_attention_unavailable first."""
     return make_fp8_attention()(q, k, v)

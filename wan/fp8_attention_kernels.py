@@ -1,12 +1,13 @@
 """Triton kernels of the FP8 attention backend (see fp8_attention.py for the numerics).
 
 Imported only where Triton is installed. Layouts (bh = batch * heads + head):
-  q8  int8 [BH, Lp, D]       one scale per token (qs [BH, Lp], with softmax scale * log2(e))
+  q8  int8 [BH, LQp, D]      one scale per token (qs [BH, LQp], with softmax scale * log2(e));
+                             the queries may be fewer than the keys (a chunk of rows)
   k8  int8 [BH, Lp, D]       the keys minus their mean over tokens, one scale per K_BLOCK
                              tokens (ks [BH, Lp / K_BLOCK])
   vt  fp8 e4m3 [BH, D, Lp]   values transposed (the layout fp8 tensor-core products take for
                              the P x V operand), one scale per channel (vs [BH, D])
-Lp is L rounded up to K_BLOCK; the rows (columns of vt) past L are zeros. The output is written
+Lp (LQp) is L (LQ) rounded up to K_BLOCK; the rows (columns of vt) past L are zeros. The output is written
 straight into the caller's [B, L, H, D] layout.
 """
 
@@ -121,9 +122,9 @@ def attention_configs():
     return configs
 
 
-@triton.autotune(configs=attention_configs(), key=["L", "D", "PV_FP8"])
+@triton.autotune(configs=attention_configs(), key=["L", "LQ", "D", "PV_FP8"])
 @triton.jit
-def attention_kernel(q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, H,
+def attention_kernel(q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H,
                      stride_ob, stride_ol, stride_oh, D: tl.constexpr, KB: tl.constexpr,
                      PV_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -133,9 +134,9 @@ def attention_kernel(q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp,
     bh64 = bh.to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + bh64 * Lp * D + offs_m[:, None] * D + offs_d[None, :],
-                mask=offs_m[:, None] < Lp, other=0.0)
-    qs = tl.load(qs_ptr + bh64 * Lp + offs_m, mask=offs_m < Lp, other=0.0)
+    q = tl.load(q_ptr + bh64 * LQp * D + offs_m[:, None] * D + offs_d[None, :],
+                mask=offs_m[:, None] < LQp, other=0.0)
+    qs = tl.load(qs_ptr + bh64 * LQp + offs_m, mask=offs_m < LQp, other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -156,4 +157,4 @@ def attention_kernel(q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp,
         out = acc / l_i[:, None]
     o = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh
     tl.store(o + offs_m[:, None] * stride_ol + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=offs_m[:, None] < L)
+             mask=offs_m[:, None] < LQ)

@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peer_comfy: {error}", file=sys.stderr)
         return 2
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+            "device": (torch.cuda.get_device_name() if device.type == "cuda"
+                       else platform.processor()),
             "torch": torch.__version__, "comfyui": comfy_version(args.comfyui.resolve()),
             "repeats": args.repeats, "command": " ".join(sys.argv), "quick": args.quick}
     failed = False

@@ -50,8 +50,8 @@ def test_rows_are_replaced_per_case_and_mode(peer_comfy, tmp_path):
                 "comfy_vs_fp32": {"max_rel": 0.2, "rel_l2": 0.2}, "ours_peak_activation_gib": 1,
                 "comfy_peak_activation_gib": 1, "ours_error": None, "comfy_error": None}
     meta = {"device": "d", "torch": "t", "comfyui": "c", "repeats": 1, "command": "x"}
-    peer_comfy.save(tmp_path, [row("dit_5b", "bf16_eager", 1.0), row("dit_5b", "fp8_compiled", 3.0)],
-                    meta, {})
+    first = [row("dit_5b", "bf16_eager", 1.0), row("dit_5b", "fp8_compiled", 3.0)]
+    peer_comfy.save(tmp_path, first, meta, {})
     peer_comfy.save(tmp_path, [row("dit_5b", "bf16_eager", 5.0)], meta, {})
     table = (tmp_path / "peer_comfy.md").read_text()
     assert "| dit_5b v | bf16_eager | 5 | 10 | **0.500** |" in table

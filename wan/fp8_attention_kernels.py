@@ -7,8 +7,8 @@ Imported only where Triton is installed. Layouts (bh = batch * heads + head):
                              tokens (ks [BH, Lp / K_BLOCK])
   vt  fp8 e4m3 [BH, D, Lp]   values transposed (the layout fp8 tensor-core products take for
                              the P x V operand), one scale per channel (vs [BH, D])
-Lp (LQp) is L (LQ) rounded up to K_BLOCK; the rows (columns of vt) past L are zeros. The output is written
-straight into the caller's [B, L, H, D] layout.
+Lp (LQp) is L (LQ) rounded up to K_BLOCK; the rows (columns of vt) past L are zeros. The output
+is written straight into the caller's [B, LQ, H, D] layout.
 """
 
 from __future__ import annotations

@@ -57,6 +57,11 @@ def _validate_file(folder: str, name: str, field: str):
     ComfyUI only names from the folder; headless also an absolute path); else the reason."""
     return verdict([loader_file_problem(folder, name, field)])
 
+ATTENTION = ("attention kernel: auto (the fastest for the weights: fp8 attention with "
+             "fp8_e4m3fn_fast, cuDNN SDPA otherwise), sdpa, sdpa_cudnn, fp8_triton (our fp8 "
+             "kernel: Ada/Hopper GPUs with Triton, about 1/1000 error; elsewhere SDPA with a "
+             "warning), flash_attn / sageattention when installed")
+
 
 class WanModelLoader:
     DISPLAY = "Wan Model Loader"
@@ -66,7 +71,7 @@ class WanModelLoader:
         return {"required": {
             "model_name": _file_choice("diffusion_models"),
             "weight_dtype": (loading.MODEL_DTYPES, {"default": "bf16", "tooltip": WEIGHT_DTYPE}),
-            "attention": (available_backends(), {"default": "sdpa"}),
+            "attention": (available_backends(), {"default": "auto", "tooltip": ATTENTION}),
         }, "optional": {**OPTIONAL, "compile": COMPILE}, "hidden": HIDDEN}
 
     RETURN_TYPES = ("WANMODEL",)

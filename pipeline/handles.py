@@ -21,7 +21,7 @@ from ..wan.latent_format import WAN21_LATENT, WAN22_LATENT, LatentFormat
 class WanModelHandle:
     model: torch.nn.Module  # WanDiT
     info: CheckpointInfo
-    attention: str = "sdpa"
+    attention: str = "sdpa_cudnn"
     compile: bool = False  # run the transformer blocks through torch.compile
 
     @property

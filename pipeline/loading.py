@@ -13,7 +13,8 @@ from ..checkpoints.reader import CheckpointError
 from ..quant.kernels import fp8_matmul_unavailable, warn_once
 from ..quant.linear import fast_fallback_message
 from ..quant.schemes import COMPUTE_DTYPE, SCHEMES
-from ..wan.attention import available_backends
+from ..wan.attention import available_backends, resolve_backend
+from ..wan.fp8_attention import fp8_attention_unavailable
 from ..wan.tokenizer import UMT5Tokenizer
 from .handles import WanCLIPVisionHandle, WanModelHandle, WanTextEncoderHandle, WanVAEHandle
 
@@ -36,11 +37,13 @@ def _resident(module: torch.nn.Module, keep_on_gpu: bool) -> torch.nn.Module:
     return module.to(host.compute_device()) if keep_on_gpu else module
 
 
-def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "sdpa",
+def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "auto",
                keep_on_gpu: bool = False, compile: bool = False) -> WanModelHandle:
     if attention not in available_backends():
         raise CheckpointError(f"attention: {attention!r} is not available here; available: "
                               f"{available_backends()}")
+    attention = resolve_backend(attention, weight_dtype)
+    _check_attention(attention)
     if weight_dtype in SCHEMES:
         _check_fast_fp8(weight_dtype)
         model, info = load_dit(path, COMPUTE_DTYPE, quantization=weight_dtype)
@@ -49,6 +52,16 @@ def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "sdpa",
     else:
         raise CheckpointError(f"weight_dtype: {weight_dtype!r} is not one of {MODEL_DTYPES}")
     return WanModelHandle(_resident(model, keep_on_gpu), info, attention, compile)
+
+
+def _check_attention(attention: str) -> None:
+    """Say at load time when the fp8 attention kernel will not run (the blocks fall back to
+    SDPA; under torch.compile they cannot warn themselves)."""
+    if attention == "fp8_triton":
+        reason = fp8_attention_unavailable(host.compute_device())
+        if reason is not None:
+            warn_once(f"attention 'fp8_triton' cannot run here: {reason}; using SDPA "
+                      f"(cuDNN first) instead")
 
 
 def _check_fast_fp8(weight_dtype: str) -> None:

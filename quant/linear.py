@@ -16,8 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kernels import (fp8_matmul_unavailable, fp8_scaled_matmul, fp8_shape_unsupported,
-                      int8_matmul, warn_once)
+from .gelu_fp8 import gelu_quantize
+from .kernels import (fp8_codes_matmul, fp8_matmul_unavailable, fp8_scaled_matmul,
+                      fp8_shape_unsupported, int8_matmul, warn_once)
 from .rowwise import FP8, INT8, RowFormat, dequantize_weight, quantize_rows, quantize_weight
 
 
@@ -124,9 +125,35 @@ class Fp8Linear(QuantizedLinear):
         lead = x.shape[:-1]
         out = fp8_scaled_matmul(x.reshape(-1, self.in_features), self.weight,
                                 self.weight_scale)
+        return self._finish(out, x.dtype, lead)
+
+    def runs_fp8_matmul(self, device: torch.device) -> bool:
+        return self.fast and (fp8_matmul_unavailable(device) or fp8_shape_unsupported(
+            self.in_features, self.out_features)) is None
+
+    def scaled_forward_without_bias(self, x: torch.Tensor) -> torch.Tensor:
+        """The fp8 matmul without the bias (which the next step adds: gelu_forward)."""
+        out = fp8_scaled_matmul(x.reshape(-1, self.in_features), self.weight,
+                                self.weight_scale)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def gelu_forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """self(gelu_tanh(x + bias)). Where the fp8 matmul runs, the bias, the GELU and the
+        activations' fp8 quantization are one pass over x (quant/gelu_fp8.py) instead of
+        four."""
+        if self.runs_fp8_matmul(x.device):
+            lead = x.shape[:-1]
+            codes, scales = gelu_quantize(x.reshape(-1, self.in_features), bias)
+            out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale)
+            return self._finish(out, x.dtype, lead)
+        if bias is not None:
+            x = x + bias.to(x.dtype)
+        return self(F.gelu(x, approximate="tanh"))
+
+    def _finish(self, out: torch.Tensor, dtype: torch.dtype, lead) -> torch.Tensor:
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
-        return out.to(x.dtype).view(*lead, self.out_features)
+        return out.to(dtype).view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", fast={self.fast}"

@@ -1,18 +1,24 @@
 """Attention backends. All take q, k, v as [B, L, heads, head_dim] and return the same layout.
 
 "sdpa" is PyTorch's scaled_dot_product_attention with its own kernel choice; "sdpa_cudnn" asks
-for the cuDNN kernel first (the fastest at Wan shapes on Hopper); "flash_attn" and "sageattention"
-are offered only when their packages import.
+for the cuDNN kernel first (the fastest exact kernel at Wan shapes on Hopper); "fp8_triton" is our
+FP8 kernel (fp8_attention.py: NVIDIA GPUs of compute capability 8.9+ with Triton; elsewhere SDPA
+with a warning); "flash_attn" and "sageattention" are offered only when their packages import.
+"auto" picks per weight format (resolve_backend): fp8 attention where the weights already run
+their matrices in fp8 (fp8_e4m3fn_fast), the exact cuDNN-first SDPA otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import warnings
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from .fp8_attention import fp8_attention_unavailable, make_fp8_attention
 
 
 def _sdpa(q, k, v):
@@ -59,9 +65,11 @@ def _sageattention(q, k, v):
     return out.to(q.dtype)
 
 
-_BACKENDS: dict[str, tuple[Callable, str | None]] = {
+_BACKENDS: dict[str, tuple[Callable | None, str | None]] = {
+    "auto": (None, None),
     "sdpa": (_sdpa, None),
     "sdpa_cudnn": (_sdpa_cudnn, None),
+    "fp8_triton": (None, None),
     "flash_attn": (_flash_attn, "flash_attn"),
     "sageattention": (_sageattention, "sageattention"),
 }
@@ -81,11 +89,43 @@ def available_backends() -> list[str]:
     return [name for name, (_, module) in _BACKENDS.items() if _importable(module)]
 
 
-def get_backend(name: str) -> Callable:
+# What "auto" runs for each weight format (the README's table says the same).
+AUTO_BY_WEIGHTS = {"fp8_e4m3fn_fast": "fp8_triton"}
+AUTO_DEFAULT = "sdpa_cudnn"
+
+
+def resolve_backend(name: str, weight_dtype: str | None = None) -> str:
+    """A concrete backend name: "auto" becomes the choice for `weight_dtype`."""
+    if name == "auto":
+        return AUTO_BY_WEIGHTS.get(weight_dtype or "", AUTO_DEFAULT)
+    return name
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def get_backend(name: str, device: torch.device | None = None,
+                head_dim: int | None = None) -> Callable:
+    """The attention function of backend `name` for tensors on `device`. A backend that cannot
+    run there (fp8_triton without Triton or on an older GPU) gives SDPA, with a warning that
+    names the backend, the requirement and the fallback."""
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; expected one of {list(_BACKENDS)}")
-    fn, module = _BACKENDS[name]
+    fn, module = _BACKENDS[resolve_backend(name)]
     if not _importable(module):
         raise ValueError(f"attention backend {name!r} needs the package {module!r}, "
                          f"which is not installed; available: {available_backends()}")
+    if resolve_backend(name) == "fp8_triton":
+        reason = fp8_attention_unavailable(device or torch.device("cpu"), head_dim)
+        if reason is None:
+            return make_fp8_attention()
+        _warn_once(f"attention 'fp8_triton' cannot run here: {reason}; using SDPA "
+                   f"(cuDNN first) instead")
+        return _sdpa_cudnn
     return fn

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .attention import get_backend
 from .configs import DiTConfig
+from .glue import add_gated_, layer_norm, modulate, norm_affine, norm_modulate, rms_norm_heads
 from .rope import RotaryTable
 
 
@@ -39,13 +40,6 @@ class RMSNorm(nn.Module):
         return (normed * self.weight.float()).to(x.dtype)
 
 
-def layer_norm(x: torch.Tensor, eps: float, norm: nn.LayerNorm | None = None) -> torch.Tensor:
-    """float32 LayerNorm; without `norm` it has no affine parameters."""
-    if norm is None:
-        return F.layer_norm(x.float(), (x.shape[-1],), eps=eps)
-    return F.layer_norm(x.float(), (x.shape[-1],), norm.weight.float(), norm.bias.float(), eps)
-
-
 def linear_fp32(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A linear layer computed in float32 whatever dtype its weights are stored in."""
     bias = None if layer.bias is None else layer.bias.float()
@@ -58,25 +52,6 @@ def mlp_fp32(layers: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x * (1 + scale) + shift, with shift/scale [B, G, D] shared by groups of L/G tokens."""
-    b, length, d = x.shape
-    groups = shift.shape[1]
-    grouped = x.view(b, groups, length // groups, d)
-    return (grouped * (1 + scale[:, :, None]) + shift[:, :, None]).view(b, length, d)
-
-
-def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """x += y * gate, in place, in float32 (y is upcast), with gate [B, G, D] shared by groups
-    of tokens. In place: the float32 residual stream is the largest tensor of a step, and a new
-    one per update would double it."""
-    b, length, d = x.shape
-    groups = gate.shape[1]
-    x.view(b, groups, length // groups, d).addcmul_(y.view(b, groups, length // groups, d),
-                                                   gate[:, :, None])
-    return x
-
-
 # Token rows per pass through a block. Each of the block's three phases (self-attention,
 # cross-attention, feed-forward) runs over chunks of this many rows, so its float32 norms and
 # modulation, its projections and the FFN's hidden activation exist for one chunk at a time:
@@ -84,6 +59,11 @@ def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Te
 # peak is the residual stream plus the self-attention keys and values (H100, one forward: 5.8
 # GiB of activations instead of 8.0, for 4% more time).
 ROW_CHUNK_TOKENS = 8192
+
+# The feed-forward phase runs in one pass while its hidden activation (rows x ffn_dim in the
+# compute dtype) stays under this many bytes, and in equal chunks beyond: a 5B 720p block
+# (0.8 GB) runs whole, a 14B 720p one (2.1 GB) in three chunks.
+FFN_HIDDEN_BYTES = 1 << 30
 
 
 def row_chunks(length: int, groups: int, target: int | None = None) -> list[tuple[int, int]]:
@@ -95,6 +75,13 @@ def row_chunks(length: int, groups: int, target: int | None = None) -> list[tupl
     per_group = length // groups if groups > 1 else 1
     step = max(1, target // per_group) * per_group
     return [(start, min(start + step, length)) for start in range(0, length, step)]
+
+
+def ffn_chunks(length: int, groups: int, ffn_dim: int, itemsize: int) -> list[tuple[int, int]]:
+    """Row ranges for the feed-forward phase: one when the hidden activation is small enough,
+    else about equal ones (no short last chunk, whose matrix products run slowest)."""
+    pieces = -(-length * ffn_dim * itemsize // FFN_HIDDEN_BYTES)
+    return row_chunks(length, groups, -(-length // pieces))
 
 
 def group_rows(table: torch.Tensor, start: int, end: int, length: int) -> torch.Tensor:
@@ -123,14 +110,17 @@ class SelfAttention(nn.Module):
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.view(t.shape[0], t.shape[1], self.num_heads, -1)
 
+    def _rotated(self, t: torch.Tensor, norm: RMSNorm, rope: RotaryTable, start: int):
+        return rms_norm_heads(t, norm.weight, norm.eps, self.num_heads, rope, start)
+
     def keys_values(self, h: torch.Tensor, rope: RotaryTable, start: int):
         """Rotated keys and the values of rows start.. (h: their normed input)."""
-        return rope.rotate(self._heads(self.norm_k(self.k(h))), start), self._heads(self.v(h))
+        return self._rotated(self.k(h), self.norm_k, rope, start), self._heads(self.v(h))
 
     def attend_rows(self, h: torch.Tensor, rope: RotaryTable, start: int, k, v,
                     attend) -> torch.Tensor:
         """The attention output of rows start.. (h: their normed input) over all keys."""
-        q = rope.rotate(self._heads(self.norm_q(self.q(h))), start)
+        q = self._rotated(self.q(h), self.norm_q, rope, start)
         return self.o(attend(q, k, v).flatten(2))
 
 
@@ -155,17 +145,20 @@ class CrossAttention(nn.Module):
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.view(t.shape[0], t.shape[1], self.num_heads, -1)
 
+    def _normed(self, t: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        return rms_norm_heads(t, norm.weight, norm.eps, self.num_heads)
+
     def keys_values(self, context, image_context):
         """Keys and values of the text rows (and image tokens), made once per block."""
-        text = (self._heads(self.norm_k(self.k(context))), self._heads(self.v(context)))
+        text = (self._normed(self.k(context), self.norm_k), self._heads(self.v(context)))
         if image_context is None:
             return text, None
-        image = (self._heads(self.norm_k_img(self.k_img(image_context))),
+        image = (self._normed(self.k_img(image_context), self.norm_k_img),
                  self._heads(self.v_img(image_context)))
         return text, image
 
     def attend_rows(self, h: torch.Tensor, text_kv, image_kv, attend) -> torch.Tensor:
-        q = self._heads(self.norm_q(self.q(h)))
+        q = self._normed(self.q(h), self.norm_q)
         out = attend(q, *text_kv)
         if image_kv is not None:
             out = out + attend(q, *image_kv)
@@ -191,45 +184,78 @@ class WanBlock(nn.Module):
         """x: float32 [B, L, D] residual stream, updated in place and returned; e0: float32
         [B, G, 6, D] time projection.
 
-        Each phase runs over row chunks (row_chunks) and adds its output to those rows of x at
-        once. That is exact: a row's queries, norms and FFN depend on that row alone, and the
-        self-attention keys and values, which depend on all rows, are made before any row changes.
-        attention_rows: the chunk size of the two attention phases (default ROW_CHUNK_TOKENS).
+        Each phase runs over row chunks (row_chunks, ffn_chunks) and adds its output to those
+        rows of x at once. That is exact: a row's queries, norms and FFN depend on that row
+        alone, and the self-attention keys and values, which depend on all rows, are made before
+        any row changes. attention_rows: the chunk size of the two attention phases (default
+        ROW_CHUNK_TOKENS).
         """
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = (
             self.modulation.float() + e0).unbind(2)
-        batch, length, dim = x.shape
-        ffn_chunks = row_chunks(length, e0.shape[1])
-        chunks = row_chunks(length, e0.shape[1], attention_rows)
+        length, groups, eps = x.shape[1], e0.shape[1], self.eps
+
+        def rows(table, start, end):
+            return group_rows(table, start, end, length)
 
         def normed(start, end, shift, scale):
-            rows = layer_norm(x[:, start:end], self.eps)
-            return modulate(rows, group_rows(shift, start, end, length),
-                            group_rows(scale, start, end, length)).to(compute_dtype)
+            return norm_modulate(x[:, start:end], rows(shift, start, end),
+                                 rows(scale, start, end), eps, compute_dtype)
 
         attn = self.self_attn
+        chunks = row_chunks(length, groups, attention_rows)
+        if len(chunks) == 1:  # one pass: keys and values straight from the projections
+            h = normed(0, length, shift_sa, scale_sa)
+            k, v = attn.keys_values(h, rope, 0)
+            out = attn.attend_rows(h, rope, 0, k, v, attend)
+            del h
+            add_gated_(x, out, gate_sa)
+        else:
+            k, v = self._chunked_keys_values(x, chunks, normed, shift_sa, scale_sa, rope,
+                                             compute_dtype)
+            for start, end in chunks:
+                out = attn.attend_rows(normed(start, end, shift_sa, scale_sa), rope, start, k, v,
+                                       attend)
+                add_gated_(x[:, start:end], out, rows(gate_sa, start, end))
+        del k, v, out
+
+        text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
+        for start, end in chunks:
+            part = x[:, start:end]
+            h = part.to(compute_dtype) if self.norm3 is None else norm_affine(
+                part, self.norm3, eps, compute_dtype)
+            add_gated_(part, self.cross_attn.attend_rows(h, text_kv, image_kv, attend), None)
+
+        itemsize = torch.empty((), dtype=compute_dtype).element_size()
+        for start, end in ffn_chunks(length, groups, self.ffn[0].out_features, itemsize):
+            out = feed_forward(self.ffn, normed(start, end, shift_ff, scale_ff))
+            add_gated_(x[:, start:end], out, rows(gate_ff, start, end))
+        return x
+
+    def _chunked_keys_values(self, x, chunks, normed, shift, scale, rope, compute_dtype):
+        """Self-attention keys and values of all rows, made chunk by chunk into buffers."""
+        attn = self.self_attn
+        batch, length, dim = x.shape
         heads = (batch, length, attn.num_heads, dim // attn.num_heads)
         k = x.new_empty(heads, dtype=compute_dtype)
         v = x.new_empty(heads, dtype=compute_dtype)
         for start, end in chunks:
             k[:, start:end], v[:, start:end] = attn.keys_values(
-                normed(start, end, shift_sa, scale_sa), rope, start)
-        for start, end in chunks:
-            out = attn.attend_rows(normed(start, end, shift_sa, scale_sa), rope, start, k, v,
-                                   attend)
-            add_gated_(x[:, start:end], out, group_rows(gate_sa, start, end, length))
-        del k, v, out
+                normed(start, end, shift, scale), rope, start)
+        return k, v
 
-        text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
-        for start, end in chunks:
-            rows = x[:, start:end]
-            h = rows if self.norm3 is None else layer_norm(rows, self.eps, self.norm3)
-            rows.add_(self.cross_attn.attend_rows(h.to(compute_dtype), text_kv, image_kv, attend))
 
-        for start, end in ffn_chunks:
-            out = self.ffn(normed(start, end, shift_ff, scale_ff))
-            add_gated_(x[:, start:end], out, group_rows(gate_ff, start, end, length))
-        return x
+def feed_forward(ffn: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
+    """Linear, tanh-GELU, linear. A second layer that can take the GELU into its input step
+    (fp8 matmuls: quant/linear.py gelu_forward) does, and then takes the first layer's bias
+    too when the first one runs an fp8 matmul."""
+    first, act, second = ffn
+    gelu_forward = getattr(second, "gelu_forward", None)
+    if gelu_forward is None:
+        return second(act(first(h)))
+    fp8_first = getattr(first, "runs_fp8_matmul", None)
+    if fp8_first is not None and fp8_first(h.device):
+        return gelu_forward(first.scaled_forward_without_bias(h), first.bias)
+    return gelu_forward(first(h))
 
 
 class Head(nn.Module):
@@ -408,7 +434,7 @@ class WanDiT(nn.Module):
         if text.shape[0] != batch:
             text = text.expand(batch, -1, -1)
         rope = RotaryTable(grid, self.config.rope_pairs, device=tokens.device)
-        attend = get_backend(attention)
+        attend = get_backend(attention, tokens.device, self.config.head_dim)
 
         compiled_forward = compiled_block_forward() if compiled else None
         # compiled blocks take the attention phases in one pass: unrolled over row chunks, the

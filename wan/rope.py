@@ -11,18 +11,20 @@ from __future__ import annotations
 import torch
 
 
-def axis_frequencies(pairs: int, theta: float = 10000.0) -> torch.Tensor:
+def axis_frequencies(pairs: int, theta: float = 10000.0,
+                     device: torch.device | str = "cpu") -> torch.Tensor:
     """theta^(-2j / (2*pairs)) for j < pairs, float64."""
-    exponent = torch.arange(0, 2 * pairs, 2, dtype=torch.float64) / (2 * pairs)
+    exponent = torch.arange(0, 2 * pairs, 2, dtype=torch.float64, device=device) / (2 * pairs)
     return 1.0 / torch.pow(theta, exponent)
 
 
 def rope_angles(grid: tuple[int, int, int], pairs: tuple[int, int, int],
-                theta: float = 10000.0) -> torch.Tensor:
+                theta: float = 10000.0, device: torch.device | str = "cpu") -> torch.Tensor:
     """Angles [F*H*W, sum(pairs)] in float64, tokens in (frame, row, column) order."""
     axes = []
     for size, n_pairs, shape in zip(grid, pairs, ((-1, 1, 1), (1, -1, 1), (1, 1, -1))):
-        angle = torch.outer(torch.arange(size, dtype=torch.float64), axis_frequencies(n_pairs, theta))
+        angle = torch.outer(torch.arange(size, dtype=torch.float64, device=device),
+                            axis_frequencies(n_pairs, theta, device))
         axes.append(angle.view(*shape, n_pairs).expand(*grid, n_pairs))
     return torch.cat(axes, dim=-1).reshape(-1, sum(pairs))
 
@@ -32,10 +34,12 @@ class RotaryTable:
 
     def __init__(self, grid: tuple[int, int, int], pairs: tuple[int, int, int],
                  device: torch.device | str = "cpu", theta: float = 10000.0):
-        angles = rope_angles(grid, pairs, theta)
+        # made on the device: on the CPU, the float64 cos/sin of a 720p video's tables took tens
+        # of milliseconds per forward while the GPU waited
+        angles = rope_angles(grid, pairs, theta, device)
         # [L, 1, pairs]: broadcast over heads
-        self.cos = torch.cos(angles).to(device=device, dtype=torch.float32)[:, None, :]
-        self.sin = torch.sin(angles).to(device=device, dtype=torch.float32)[:, None, :]
+        self.cos = torch.cos(angles).to(torch.float32)[:, None, :]
+        self.sin = torch.sin(angles).to(torch.float32)[:, None, :]
 
     def rotate(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Rotate the channel pairs of x [B, L, heads, head_dim], the tokens start..start+L of the

@@ -1,0 +1,378 @@
+"""Our DiT forward against ComfyUI's own Wan model, in one process, on the same weights and inputs.
+
+    python bench/peer_comfy.py --comfyui PATH --out DIR [--case dit_5b dit_1_3b dit_14b]
+                               [--mode bf16_eager ...] [--repeats 3] [--profile] [--quick]
+
+PATH is a ComfyUI checkout (its `comfy` package is imported from there; nothing of it is kept
+here). For every case one set of seeded random bf16 weights is drawn on the GPU and given to
+both models: ours (WanDiT) and ComfyUI's `comfy.ldm.wan.model.WanModel`, built with the
+operations ComfyUI itself picks:
+  bf16_eager / bf16_compiled   bf16 weights (comfy.ops.disable_weight_init; SDPA with ComfyUI's
+                               own cuDNN-first priority). Ours: attention "auto" (cuDNN SDPA).
+  fp8_compiled                 ComfyUI: comfy.ops.fp8_ops with the weights cast to fp8, as its
+                               UNET loader's `fp8_e4m3fn_fast` loads a bf16 file (activations
+                               clamped to +-448 and cast, per-tensor scales of 1). Ours:
+                               fp8_e4m3fn_fast (per-channel weight scales, per-token activations),
+                               attention cuDNN SDPA.
+  fp8_fp8attn_compiled         ours only: fp8_e4m3fn_fast with our fp8 attention; its ratio is
+                               against ComfyUI's fp8_compiled.
+"compiled": each transformer block through torch.compile (one compiled block function shared
+by all blocks on both sides). Inputs: bf16 noise, 512 rows of bf16 text context, t = 500 (one
+timestep per sample, as ComfyUI gives a text-to-video model). Each side is warmed up, then timed
+`--repeats` times with CUDA events (median); peak activation memory = max allocated during the
+timed runs minus what was allocated before them.
+
+Accuracy: a float32 forward of the same weights (our model in float32; for dit_14b with TF32
+matmuls, which are some hundred times finer than bf16 and keep it to minutes) is the reference;
+each side's output is compared with it: max |out - ref| / max |ref| and ||out - ref|| / ||ref||.
+
+--profile: a kernel table of one forward per side and mode (torch.profiler), per block.
+--quick: tiny models on the CPU (or GPU) to check the script; times mean nothing there.
+Rows go to DIR/peer_comfy.json and DIR/peer_comfy.md after every case; a later run into the same
+folder replaces the rows of the cases and modes it runs and keeps the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import math
+import platform
+import sys
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer_diffusers as peer  # noqa: E402  (cases, random weights, timing)
+
+from wan_enhanced.atomic_files import write_atomically  # noqa: E402
+from wan_enhanced.quant import quantize_block_linears  # noqa: E402
+from wan_enhanced.wan.dit import WanDiT, keeps_float32  # noqa: E402
+
+MODES = ("bf16_eager", "bf16_compiled", "fp8_compiled", "fp8_fp8attn_compiled")
+CASES = ("dit_5b", "dit_1_3b", "dit_14b")
+OURS = {  # mode -> (weights, attention, compiled)
+    "bf16_eager": ("bf16", "auto", False),
+    "bf16_compiled": ("bf16", "auto", True),
+    "fp8_compiled": ("fp8_e4m3fn_fast", "sdpa_cudnn", True),
+    "fp8_fp8attn_compiled": ("fp8_e4m3fn_fast", "fp8_triton", True),
+}
+THEIRS = {  # mode -> (weights, compiled)
+    "bf16_eager": ("bf16", False),
+    "bf16_compiled": ("bf16", True),
+    "fp8_compiled": ("fp8", True),
+}
+COMPARED_WITH = {"fp8_fp8attn_compiled": "fp8_compiled"}
+
+
+class ComfyCheckoutError(RuntimeError):
+    pass
+
+
+# -- ComfyUI -----------------------------------------------------------------------------------
+
+def import_comfy(path: Path, cpu: bool):
+    """ComfyUI's Wan model module and ops from the checkout at `path`, checked before any
+    timing: a missing or too old checkout is refused with what was expected."""
+    path = path.resolve()
+    model_file = path / "comfy" / "ldm" / "wan" / "model.py"
+    if not model_file.is_file():
+        raise ComfyCheckoutError(f"--comfyui {path}: not a ComfyUI checkout (no "
+                                 f"comfy/ldm/wan/model.py)")
+    sys.path.insert(0, str(path))
+    from comfy.cli_args import args as comfy_args
+    comfy_args.cpu = cpu
+    import comfy.ldm.wan.model as wan_model
+    import comfy.ops as ops
+    missing = [name for name, holder in (("WanModel", wan_model), ("fp8_ops", ops),
+                                         ("disable_weight_init", ops))
+               if not hasattr(holder, name)]
+    if missing or not hasattr(wan_model.WanModel, "rope_encode"):
+        raise ComfyCheckoutError(f"--comfyui {path}: this ComfyUI is too old for the peer "
+                                 f"benchmark (missing {missing or ['WanModel.rope_encode']}); "
+                                 f"use one from 2025-08 or later")
+    return wan_model, ops
+
+
+def comfy_dit(wan_model, ops, config, state: dict[str, torch.Tensor], weights: str):
+    """ComfyUI's WanModel on the tensors of `state` (same key names as ours). fp8: every weight
+    stored in fp8 but the patch embedding (float32 in ComfyUI), fp8_ops' layers."""
+    dtype = torch.float8_e4m3fn if weights == "fp8" else torch.bfloat16
+    operations = ops.fp8_ops if weights == "fp8" else ops.disable_weight_init
+    model = wan_model.WanModel(
+        model_type="i2v" if config.image_embedding else "t2v", patch_size=config.patch_size,
+        text_len=config.text_len, in_dim=config.in_dim, dim=config.dim, ffn_dim=config.ffn_dim,
+        freq_dim=config.freq_dim, text_dim=config.text_dim, out_dim=config.out_dim,
+        num_heads=config.num_heads, num_layers=config.num_layers, qk_norm=config.qk_norm,
+        cross_attn_norm=config.cross_attn_norm, eps=config.eps, device="meta", dtype=dtype,
+        operations=operations)
+    params = dict(model.state_dict())
+    loaded = {k: v.to(params[k].dtype) for k, v in state.items()}
+    model.load_state_dict(loaded, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def compile_comfy_blocks(model) -> None:
+    """Each block's forward through one shared torch.compile'd function (as ours)."""
+    compiled = torch.compile(type(model.blocks[0]).forward, dynamic=False)
+    for block in model.blocks:
+        block.forward = functools.partial(compiled, block)
+
+
+# -- ours --------------------------------------------------------------------------------------
+
+def ours_model(config, state, weights: str) -> WanDiT:
+    model = peer.ours_dit(config, state, torch.bfloat16)
+    return model if weights == "bf16" else quantize_block_linears(model, weights)
+
+
+def float32_reference(config, state, inputs, tf32: bool) -> torch.Tensor:
+    """Our model in float32 on float32 copies of the weights (made one tensor at a time, in
+    place of the bf16 ones, and turned back after: exact, the values came from bf16)."""
+    keys = list(state)
+    for key in keys:
+        state[key] = state[key].float()
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        with torch.device("meta"):
+            model = WanDiT(config, torch.float32)
+        model.load_state_dict(state, strict=True, assign=True)
+        noise, timestep, context = inputs
+        with torch.inference_mode():
+            out = model(noise.float(), timestep, context.float(), attention="sdpa")
+        return out.float().cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+        del model
+        for key in keys:
+            state[key] = state[key].to(torch.bfloat16)
+        peer.free_memory()
+
+
+def distance(out: torch.Tensor | None, ref: torch.Tensor) -> dict:
+    if out is None:
+        return {"max_rel": math.nan, "rel_l2": math.nan}
+    diff = out.double() - ref.double()
+    return {"max_rel": float(diff.abs().max() / ref.double().abs().max()),
+            "rel_l2": float(diff.norm() / ref.double().norm())}
+
+
+# -- profiling ---------------------------------------------------------------------------------
+
+KERNEL_KINDS = (("attention", ("fmha", "flash", "attention_kernel", "attn", "cudnn")),
+                ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "scaled_mm", "sm90")),)
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    for kind, needles in KERNEL_KINDS:
+        if any(n in lowered for n in needles):
+            return kind
+    return "other"
+
+
+def kernel_table(fn, layers: int, top: int = 14) -> str:
+    from torch.profiler import ProfilerActivity, profile
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda e: e.device_time_total, reverse=True)
+    kinds = defaultdict(float)
+    for e in rows:
+        kinds[kernel_kind(e.key)] += e.device_time_total / 1000
+    total = sum(kinds.values())
+    lines = [f"forward kernel time {total:.1f} ms; per block: " + ", ".join(
+        f"{k} {v / layers:.2f} ms" for k, v in sorted(kinds.items()))]
+    lines.append("| ms per block | calls per block | kind | kernel |\n|---:|---:|---|---|")
+    for e in rows[:top]:
+        lines.append(f"| {e.device_time_total / 1000 / layers:.3f} | {e.count / layers:.1f} | "
+                     f"{kernel_kind(e.key)} | `{e.key[:100]}` |")
+    return "\n".join(lines)
+
+
+# -- one case ----------------------------------------------------------------------------------
+
+def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
+    case = peer.CASES[name]
+    config = peer.dit_config(case, args.quick)
+    latent = peer.QUICK_LATENT[name] if args.quick else case.latent
+    with torch.device("meta"):
+        skeleton = WanDiT(config)
+    state = peer.random_state(skeleton, args.seed, device, torch.bfloat16)
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+    dtype = torch.bfloat16
+    noise = torch.randn(latent, generator=gen, device=device).to(dtype)
+    context = torch.randn(1, config.text_len, config.text_dim, generator=gen,
+                          device=device).to(dtype)
+    timestep = torch.full((1,), peer.TIMESTEP, device=device)
+    print(f"{name}: latent {latent}", flush=True)
+    reference = float32_reference(config, state, (noise, timestep, context),
+                                  tf32=name == "dit_14b" and not args.quick)
+    cpu = functools.partial(lambda t: t.float().cpu())
+    results, profiles = {}, [f"## {name}"]
+    modes = [m for m in MODES if m in args.mode]
+
+    for weights in ("bf16", "fp8_e4m3fn_fast"):
+        wanted = [m for m in modes if OURS[m][0] == weights]
+        if not wanted:
+            continue
+        model = ours_model(config, state, weights)
+        for mode in wanted:
+            _, attention, compiled = OURS[mode]
+
+            def fn(model=model, attention=attention, compiled=compiled):
+                return model(noise, timestep, context, attention=attention, compiled=compiled)
+            out, run = peer.timed(fn, args.repeats, device, cpu)
+            results[("ours", mode)] = (run, distance(out, reference))
+            print(f"  ours {mode}: {run.median_ms} ms", flush=True)
+            if args.profile and device.type == "cuda":
+                profiles.append(f"### ours {mode}\n" + kernel_table(fn, config.num_layers))
+        del model
+        torch._dynamo.reset()
+        peer.free_memory()
+
+    wan_model, ops = comfy
+    for weights in ("bf16", "fp8"):
+        wanted = [m for m in modes if m in THEIRS and THEIRS[m][0] == weights]
+        if not wanted:
+            continue
+        for mode in wanted:
+            model = comfy_dit(wan_model, ops, config, state, weights)
+            if THEIRS[mode][1]:
+                compile_comfy_blocks(model)
+
+            def fn(model=model):
+                return model(noise, timestep, context)
+            out, run = peer.timed(fn, args.repeats, device, cpu)
+            results[("comfy", mode)] = (run, distance(out, reference))
+            print(f"  comfy {mode}: {run.median_ms} ms", flush=True)
+            if args.profile and device.type == "cuda":
+                profiles.append(f"### ComfyUI {mode}\n" + kernel_table(fn, config.num_layers))
+            del model
+            torch._dynamo.reset()
+            peer.free_memory()
+    del state
+    peer.free_memory()
+    return rows_of(name, case, modes, results), "\n\n".join(profiles)
+
+
+def rows_of(name, case, modes, results) -> list[dict]:
+    rows = []
+    for mode in modes:
+        ours_run, ours_dist = results[("ours", mode)]
+        theirs_mode = COMPARED_WITH.get(mode, mode)
+        theirs_run, theirs_dist = results.get(("comfy", theirs_mode), (None, None))
+        ours_ms = ours_run.median_ms
+        comfy_ms = theirs_run.median_ms if theirs_run else None
+        rows.append({
+            "case": name, "video": case.video, "mode": mode, "comfy_mode": theirs_mode,
+            "ours_ms": ours_ms, "comfy_ms": comfy_ms,
+            "ratio": ours_ms / comfy_ms if ours_ms and comfy_ms else None,
+            "ours_vs_fp32": ours_dist, "comfy_vs_fp32": theirs_dist,
+            "ours_peak_activation_gib": _gib(ours_run.peak_allocated),
+            "comfy_peak_activation_gib": _gib(theirs_run.peak_allocated) if theirs_run else None,
+            "ours_error": ours_run.error, "comfy_error": theirs_run.error if theirs_run else None})
+    return rows
+
+
+def _gib(value):
+    return None if value is None else value / peer.GIB
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def _f(value, fmt):
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else format(value, fmt)
+
+
+def markdown(data: dict) -> str:
+    lines = [f"Device: {data['meta']['device']}, torch {data['meta']['torch']}, ComfyUI "
+             f"{data['meta']['comfyui']}; one DiT forward, median of {data['meta']['repeats']}.",
+             "", "| case | mode | ours ms | ComfyUI ms | ours / ComfyUI | ours vs fp32 (max rel / "
+             "rel L2) | ComfyUI vs fp32 (max rel / rel L2) | peak act. GiB ours / ComfyUI |",
+             "|---|---|---:|---:|---:|---|---|---|"]
+    for r in data["rows"]:
+        o, c = r["ours_vs_fp32"], r["comfy_vs_fp32"] or {}
+        mode = r["mode"] + (f" (vs ComfyUI {r['comfy_mode']})" if r["comfy_mode"] != r["mode"]
+                            else "")
+        lines.append(
+            f"| {r['case']} {r['video']} | {mode} | {_f(r['ours_ms'], '.0f')} | "
+            f"{_f(r['comfy_ms'], '.0f')} | **{_f(r['ratio'], '.3f')}** | "
+            f"{_f(o['max_rel'], '.4f')} / {_f(o['rel_l2'], '.4f')} | "
+            f"{_f(c.get('max_rel'), '.4f')} / {_f(c.get('rel_l2'), '.4f')} | "
+            f"{_f(r['ours_peak_activation_gib'], '.2f')} / "
+            f"{_f(r['comfy_peak_activation_gib'], '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def comfy_version(path: Path) -> str:
+    version_file = path / "comfyui_version.py"
+    if version_file.is_file():
+        for line in version_file.read_text().splitlines():
+            if line.startswith("__version__"):
+                return line.split("=")[1].strip().strip("\"'")
+    return "unknown"
+
+
+def save(out_dir: Path, rows: list[dict], meta: dict, profiles: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "peer_comfy.json"
+    old = json.loads(path.read_text()) if path.is_file() else {"rows": [], "commands": []}
+    done = {(r["case"], r["mode"]) for r in rows}
+    kept = [r for r in old["rows"] if (r["case"], r["mode"]) not in done]
+    order = {c: i for i, c in enumerate(CASES)}
+    all_rows = sorted(kept + rows, key=lambda r: (order.get(r["case"], 9),
+                                                  MODES.index(r["mode"])))
+    data = {"meta": meta, "commands": old.get("commands", []) + [meta["command"]],
+            "rows": all_rows}
+    write_atomically(path, json.dumps(data, indent=1).encode())
+    write_atomically(out_dir / "peer_comfy.md", markdown(data).encode())
+    for case, text in profiles.items():
+        write_atomically(out_dir / f"profile_{case}.md", text.encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--comfyui", type=Path, required=True, help="a ComfyUI checkout")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--case", nargs="+", default=list(CASES), choices=CASES)
+    parser.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not args.quick:
+        print("peer_comfy: no CUDA device; use --quick for a CPU smoke run", file=sys.stderr)
+        return 2
+    try:
+        comfy = import_comfy(args.comfyui, cpu=device.type == "cpu")
+    except ComfyCheckoutError as error:
+        print(f"peer_comfy: {error}", file=sys.stderr)
+        return 2
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": (torch.cuda.get_device_name() if device.type == "cuda"
+                       else platform.processor()),
+            "torch": torch.__version__, "comfyui": comfy_version(args.comfyui.resolve()),
+            "repeats": args.repeats, "command": " ".join(sys.argv), "quick": args.quick}
+    failed = False
+    for name in args.case:
+        rows, profile = run_case(name, args, device, comfy)
+        failed |= any(r["ours_error"] or r["comfy_error"] for r in rows)
+        save(args.out, rows, meta, {name: profile} if args.profile else {})
+        gc.collect()
+    print(markdown(json.loads((args.out / "peer_comfy.json").read_text())))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

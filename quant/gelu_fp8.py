@@ -1,0 +1,83 @@
+"""The feed-forward's middle step for fp8 matmuls: tanh-GELU of the hidden activation and its
+per-token fp8 quantization in one pass.
+
+PyTorch runs it as three passes over the largest activation of a block (14336 wide at 5B):
+the GELU, then the row maximum, then the division and cast, and torch.compile's fused version
+still reads the row twice. The kernel reads each row once and writes its codes and scale. The
+codes are those of quant.rowwise.quantize_rows applied to the GELU computed in float32 (the
+PyTorch path rounds the GELU to bf16 first: a difference of bf16 rounding).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from .rowwise import FP8, quantize_rows
+
+MAX_WIDTH = 32768  # one row in one program's registers
+
+
+# Decided at import: under torch.compile these checks must be plain constants (a cached
+# function or a registration inside the traced code would split the compiled graph).
+TRITON = importlib.util.find_spec("triton") is not None
+
+
+def fused_gelu_available(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.version.hip is None and x.shape[-1] <= MAX_WIDTH and TRITON
+
+
+def gelu_quantize_reference(x: torch.Tensor, bias: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PyTorch statement: float32 GELU of x (+ bias), then per-row fp8 codes and scales
+    [M, 1]."""
+    x = x.float() if bias is None else x.float() + bias.float()
+    return quantize_rows(F.gelu(x, approximate="tanh"), FP8)
+
+
+def _launch(x: torch.Tensor, bias: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    from .gelu_rows_kernel import gelu_fp8_rows_kernel
+
+    rows, width = x.shape
+    x = x.contiguous()
+    codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    block = 1 << (width - 1).bit_length()
+    gelu_fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales,
+                                  width, HAS_BIAS=bias is not None, BLOCK=block,
+                                  num_warps=16 if block >= 8192 else 8)
+    return codes, scales
+
+
+def _register():
+    namespace, name = "wan_enhanced_quant", "gelu_fp8_rows"
+    existing = getattr(getattr(torch.ops, namespace), name, None)
+    if existing is not None:
+        return existing
+
+    @torch.library.custom_op(f"{namespace}::{name}", mutates_args=())
+    def gelu_fp8_rows(x: torch.Tensor, bias: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _launch(x, bias)
+
+    @gelu_fp8_rows.register_fake
+    def _(x, bias):
+        return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+                x.new_empty(x.shape[0], 1, dtype=torch.float32))
+
+    return gelu_fp8_rows
+
+
+GELU_FP8_ROWS = _register()
+
+
+def gelu_quantize(x: torch.Tensor, bias: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """GELU(x + bias) [M, K] as fp8 codes and float32 scales [M, 1]: the kernel on CUDA, the
+    PyTorch statement elsewhere."""
+    if fused_gelu_available(x):
+        return GELU_FP8_ROWS(x, bias)
+    return gelu_quantize_reference(x, bias)

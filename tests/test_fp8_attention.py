@@ -1,0 +1,162 @@
+"""The fp8 attention backend: its numerics stated in PyTorch (CPU), the fallback where the kernel
+cannot run (CPU), and on a GPU (opt-in, --gpu) the kernel against that statement and against
+exact attention."""
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from wan_enhanced.wan import attention, fp8_attention as fa
+
+
+def _qkv(length, heads=2, seed=0, spread=1.0, device="cpu"):
+    """RMS-normed queries and keys with a shared per-channel offset (as Wan's are), values
+    plain: scores with a standard deviation around 1-2, as in the model."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
+
+    gain = (1 + 0.5 * randn(128)).abs() * spread
+    q = F.rms_norm(randn(1, length, heads, 128) + 0.3 * randn(1, 1, heads, 128), (128,)) * gain
+    k = F.rms_norm(randn(1, length, heads, 128) + 1.0 * randn(1, 1, heads, 128), (128,)) * gain
+    v = randn(1, length, heads, 128)
+    return tuple(t.to(torch.bfloat16) for t in (q, k, v))
+
+
+def _exact(q, k, v):
+    out = F.scaled_dot_product_attention(*(t.float().transpose(1, 2) for t in (q, k, v)))
+    return out.transpose(1, 2)
+
+
+def _cosine(a, b):
+    return float(F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
+
+
+def test_emulated_numerics_stay_close_to_exact_attention():
+    """int8 Q K^T (per-token / per-128-token scales, keys smoothed by their mean) keeps the
+    output within 0.02% (cosine); fp8 P V adds the rounding of P's 3-bit mantissa, which on
+    uncorrelated values (the worst case: the output is as small as the noise allows) leaves
+    about 4% relative L2 and a cosine above 0.999."""
+    q, k, v = _qkv(1000)
+    exact = _exact(q, k, v)
+    ours = fa.reference_fp8_attention(q, k, v).float()
+    assert _cosine(ours, exact) >= 0.999
+    assert float((ours - exact).norm() / exact.norm()) < 0.05
+    q_deq, k_deq, _ = fa.quantized_operands(q, k, v)
+    scores_only = F.scaled_dot_product_attention(q_deq, k_deq, v.float().transpose(1, 2))
+    assert _cosine(scores_only.transpose(1, 2), exact) >= 0.9998
+
+
+def test_key_mean_does_not_change_the_result():
+    """Subtracting the keys' mean shifts every score of a query equally: a large shared offset on
+    the keys leaves the emulated output where it was (it would swamp int8 scales otherwise)."""
+    q, k, v = _qkv(600, seed=3)
+    shifted = (k.float() + 20.0 * torch.randn(1, 1, 2, 128)).to(torch.bfloat16)
+    exact = _exact(q, shifted, v)
+    assert _cosine(fa.reference_fp8_attention(q, shifted, v), exact) >= 0.999
+
+
+def test_quantized_operands_use_the_stated_grids():
+    q, k, v = _qkv(300, seed=1)
+    q_deq, k_deq, v_deq = fa.quantized_operands(q, k, v)
+    q_scale = q.float().transpose(1, 2).abs().amax(-1, keepdim=True) / 127
+    codes = q_deq / q_scale
+    assert torch.allclose(codes, codes.round(), atol=1e-4)
+    assert float(codes.abs().max().round()) == 127.0
+    blocks = F.pad(k_deq, (0, 0, 0, fa.padded_length(300) - 300)).unflatten(2, (-1, 128))
+    k_codes = blocks / (blocks.abs().amax(dim=(-1, -2), keepdim=True) / 127)
+    assert torch.allclose(k_codes, k_codes.round(), atol=1e-4)
+    v_scale = v.float().transpose(1, 2).abs().amax(2, keepdim=True) / 448
+    fp8 = (v_deq / v_scale).to(torch.float8_e4m3fn).float()
+    assert torch.allclose(fp8, v_deq / v_scale, rtol=1e-6)
+
+
+def test_backend_falls_back_to_sdpa_with_a_warning_where_the_kernel_cannot_run():
+    q, k, v = _qkv(64)
+    attention._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn = attention.get_backend("fp8_triton", torch.device("cpu"), 128)
+    messages = [str(w.message) for w in caught]
+    assert any("fp8_triton" in m and "NVIDIA GPU" in m and "SDPA" in m for m in messages)
+    assert torch.equal(fn(q, k, v), attention.get_backend("sdpa_cudnn")(q, k, v))
+
+
+def test_auto_picks_fp8_attention_only_with_fp8_matmuls():
+    assert attention.resolve_backend("auto", "fp8_e4m3fn_fast") == "fp8_triton"
+    for weights in ("bf16", "fp16", "fp32", "fp8_e4m3fn", "int8", "int8_dynamic"):
+        assert attention.resolve_backend("auto", weights) == "sdpa_cudnn"
+    assert attention.resolve_backend("sdpa", "fp8_e4m3fn_fast") == "sdpa"
+    assert "auto" in attention.available_backends()
+    assert "fp8_triton" in attention.available_backends()
+
+
+def test_unavailable_reasons_name_the_requirement():
+    assert "NVIDIA GPU" in fa.fp8_attention_unavailable(torch.device("cpu"))
+
+
+# -- GPU (opt-in) ------------------------------------------------------------------------------
+
+def _cuda_fp8_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    reason = fa.fp8_attention_unavailable(torch.device("cuda"), 128)
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("length", [1024, 1500, 4097])
+def test_kernel_matches_its_pytorch_statement(length):
+    """Every output element written (poisoned first). With P and V in bf16 the kernel equals
+    the emulation to bf16 rounding (the int8 scores are exact in both); with fp8 P V it stays
+    within P's fp8 rounding of it (the online softmax rounds P against a running maximum)."""
+    _cuda_fp8_or_skip()
+    q, k, v = _qkv(length, heads=3, seed=length, device="cuda")
+    for pv_fp8, bound in ((False, 5e-3), (True, 0.05)):
+        ops = fa.quantize_only(q, k, v, pv_fp8)
+        out = torch.full_like(q, float("nan"))
+        fa.attend_quantized(ops, out)
+        assert not out.isnan().any()
+        emulated = fa.reference_fp8_attention(q, k, v, pv_fp8=pv_fp8).float()
+        assert float((out.float() - emulated).norm() / emulated.norm()) < bound, pv_fp8
+
+
+@pytest.mark.gpu
+def test_kernel_error_against_exact_attention_at_a_wan_length():
+    _cuda_fp8_or_skip()
+    q, k, v = _qkv(27280, heads=4, seed=7, device="cuda")
+    out = fa.fp8_attention(q, k, v).float()
+    exact = _exact(q, k, v)
+    per_head = F.cosine_similarity(out.transpose(1, 2).flatten(2), exact.transpose(1, 2).flatten(2),
+                                   dim=-1)
+    assert float(per_head.min()) >= 0.999, per_head
+    # the largest single deviation: about one fp8 rounding step of P on the largest output
+    assert float((out - exact).abs().max() / exact.abs().max()) < 0.08
+
+
+@pytest.mark.gpu
+def test_a_chunk_of_query_rows_equals_those_rows_of_the_whole():
+    """Eager blocks attend chunk by chunk of rows over all keys: the kernel takes fewer queries
+    than keys, with the same result for those rows."""
+    _cuda_fp8_or_skip()
+    q, k, v = _qkv(3000, heads=2, seed=11, device="cuda")
+    config = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3)
+    whole = fa._launch(q, k, v, config)
+    part = fa._launch(q[:, 1100:2300], k, v, config)
+    assert torch.equal(part, whole[:, 1100:2300])
+
+
+@pytest.mark.gpu
+def test_compiled_block_runs_the_kernel_as_one_operator():
+    _cuda_fp8_or_skip()
+    q, k, v = _qkv(2048, heads=2, seed=5, device="cuda")
+    fn = attention.get_backend("fp8_triton", q.device, 128)
+    eager = fn(q, k, v)
+    compiled = torch.compile(fn, fullgraph=True)(q, k, v)
+    assert torch.equal(eager, compiled)
+    assert math.isfinite(float(eager.float().abs().max()))

@@ -1,0 +1,107 @@
+"""The DiT block's elementwise steps (wan/glue.py): the Triton kernels against the PyTorch
+statements on a GPU (opt-in, --gpu), and the dispatch on the CPU."""
+
+import pytest
+import torch
+
+from wan_enhanced.wan import glue
+from wan_enhanced.wan.rope import RotaryTable
+
+
+def test_cpu_takes_the_pytorch_statements():
+    x = torch.randn(2, 12, 8)
+    shift, scale = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    expected = glue.modulate(glue.layer_norm(x, 1e-6), shift, scale).to(torch.bfloat16)
+    assert torch.equal(glue.norm_modulate(x, shift, scale, 1e-6, torch.bfloat16), expected)
+    y, gate = torch.randn(2, 12, 8), torch.randn(2, 3, 8)
+    target = x.clone()
+    glue.add_gated_(target, y, gate)
+    grouped = x.view(2, 3, 4, 8) + y.view(2, 3, 4, 8) * gate[:, :, None]
+    assert torch.allclose(target, grouped.view(2, 12, 8), atol=1e-6)
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def _cuda_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pytest.importorskip("triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("groups", [1, 5, 40])
+def test_norm_modulate_kernel_matches_pytorch(groups):
+    _cuda_or_skip()
+    x = torch.randn(2, 40, 3072, device="cuda") * 3 + 1
+    shift = torch.randn(2, groups, 3072, device="cuda")
+    scale = torch.randn(2, groups, 3072, device="cuda") * 0.1
+    sliced = x[:, 10:30]  # a row chunk: not contiguous over the batch
+    table = (shift[:, 10 * groups // 40:30 * groups // 40] if groups > 1 else shift,
+             scale[:, 10 * groups // 40:30 * groups // 40] if groups > 1 else scale)
+    got = glue.norm_modulate(sliced, *table, 1e-6, torch.bfloat16)
+    ref = glue.modulate(glue.layer_norm(sliced, 1e-6), *table).to(torch.bfloat16)
+    assert _rel(got, ref) < 4e-3  # bf16 rounding of either side
+
+
+@pytest.mark.gpu
+def test_affine_norm_and_gated_add_kernels_match_pytorch():
+    _cuda_or_skip()
+    norm = torch.nn.LayerNorm(5120, eps=1e-6).cuda()
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    x = torch.randn(1, 33, 5120, device="cuda")
+    got = glue.norm_affine(x, norm, 1e-6, torch.float32)
+    assert _rel(got, glue.layer_norm(x, 1e-6, norm)) < 1e-6
+    y = torch.randn(1, 33, 5120, device="cuda").bfloat16()
+    gate = torch.randn(1, 3, 5120, device="cuda")
+    a, b = x.clone(), x.clone()
+    glue.add_gated_(a, y, gate)
+    glue._add_gated_torch(b, y, gate)
+    assert torch.allclose(a, b, atol=1e-5, rtol=1e-6)
+    glue.add_gated_(a, y, None)
+    assert torch.allclose(a, b + y.float(), atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("start", [0, 17])
+def test_rms_norm_rope_kernel_matches_pytorch(start):
+    _cuda_or_skip()
+    rope = RotaryTable((3, 6, 8), (22, 21, 21), device="cuda")
+    t = torch.randn(2, 40, 3072, device="cuda").bfloat16()
+    weight = torch.rand(3072, device="cuda") + 0.5
+    got = glue.rms_norm_heads(t, weight, 1e-6, 24, rope, start)
+    # the PyTorch statement in float32 (no rounding between norm and rotation)
+    normed = (torch.nn.functional.rms_norm(t.float(), (3072,), eps=1e-6) * weight)
+    ref = rope.rotate(normed.view(2, 40, 24, 128), start)
+    assert _rel(got, ref) < 4e-3
+    plain = glue.rms_norm_heads(t, weight, 1e-6, 24)
+    assert _rel(plain, normed.view(2, 40, 24, 128)) < 4e-3
+
+
+def test_gelu_forward_of_a_fp8_layer_equals_gelu_then_forward_on_the_cpu():
+    from wan_enhanced.quant.linear import Fp8Linear
+    layer = Fp8Linear.from_linear(torch.nn.Linear(64, 32), torch.float32, fast=True)
+    x = torch.randn(5, 64)
+    with pytest.warns(RuntimeWarning):  # no fp8 matmul on the CPU: the dequantizing forward
+        expected = layer(torch.nn.functional.gelu(x, approximate="tanh"))
+    assert torch.equal(layer.gelu_forward(x), expected)
+    bias = torch.randn(64)
+    expected = layer(torch.nn.functional.gelu(x + bias, approximate="tanh"))
+    assert torch.equal(layer.gelu_forward(x, bias), expected)
+
+
+@pytest.mark.gpu
+def test_gelu_fp8_rows_kernel_matches_its_statement():
+    _cuda_or_skip()
+    from wan_enhanced.quant import gelu_fp8
+    x = (torch.randn(300, 14336, device="cuda") * 2).bfloat16()
+    bias = torch.randn(14336, device="cuda").bfloat16()
+    codes, scales = gelu_fp8._launch(x, bias)
+    ref_codes, ref_scales = gelu_fp8.gelu_quantize_reference(x, bias)
+    assert torch.allclose(scales, ref_scales, rtol=1e-5)
+    got, ref = codes.float() * scales, ref_codes.float() * ref_scales
+    # codes equal but where float32 rounding of the GELU moves a value across a rounding edge
+    assert float((got != ref).float().mean()) < 1e-3
+    assert _rel(got, ref) < 1e-3

@@ -1,0 +1,234 @@
+"""FP8 attention: a Triton flash-attention kernel whose two matrix products run on 8-bit tensor
+cores (Ada and Hopper GPUs, compute capability 8.9+): Q K^T in int8, P V in fp8.
+
+Numerics (what is rounded, and how finely it is scaled):
+- Q: int8 with one scale per token and head (its largest magnitude maps onto 127).
+- K: minus its mean over all tokens (per head and channel; it shifts every score of a query by
+  the same amount, which the softmax cancels), then int8 with one scale per 128 tokens and head.
+  The mean removes the shared offset that dominates Wan's keys, so the blocks' scales fit what
+  varies between tokens. int8 keeps 2-3 more bits than fp8 e4m3 on the large components that
+  decide a score: with fp8 Q and K the output moved 2-10x further from exact attention.
+- Q K^T is accumulated exactly in int32; the online softmax runs in float32 (exp2, the softmax
+  scale and log2(e) folded into the query scales).
+- P (probabilities in 0..1) times 448 in fp8, V in fp8 with one scale per channel and head; each
+  128-key product is summed in float32.
+`reference_fp8_attention` computes the same quantities with PyTorch operations (any device): the
+tests hold the kernel to it, and it to exact attention.
+
+`fp8_attention(q, k, v)` takes and returns [B, L, heads, head_dim] like every backend; for short
+key sequences (cross-attention to 512 text rows), where fp8 gains nothing, it uses SDPA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+FP8_MAX = 448.0
+K_BLOCK = 128
+P_SCALE = 448.0
+LOG2E = 1.4426950408889634
+# Key sequences shorter than this go to SDPA (text cross-attention has 512 rows).
+MIN_KEYS = 1024
+HEAD_DIMS = (64, 128)
+
+
+def fp8_attention_unavailable(device: torch.device, head_dim: int | None = None) -> str | None:
+    """Why the fp8 kernel cannot run here, or None when it can."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return f"it needs an NVIDIA GPU; this runs on {device.type}"
+    if importlib.util.find_spec("triton") is None:
+        return "it needs Triton, which is not installed"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        return (f"it needs compute capability 8.9 or later (Ada, Hopper); "
+                f"{torch.cuda.get_device_name(device)} has {major}.{minor}")
+    if head_dim is not None and head_dim not in HEAD_DIMS:
+        return f"it supports head_dim {HEAD_DIMS}; this model has {head_dim}"
+    return None
+
+
+def padded_length(length: int) -> int:
+    return -(-length // K_BLOCK) * K_BLOCK
+
+
+# -- the PyTorch statement of the numerics -------------------------------------------------------
+
+INT8_MAX = 127.0
+
+
+def _to_fp8(x: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest float8_e4m3fn value, returned as float32."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+
+
+def _to_int8(x: torch.Tensor) -> torch.Tensor:
+    """Round half away from zero to an integer in -127..127, as float32 (the kernel's rule)."""
+    return (x.abs() + 0.5).floor().copysign(x).clamp(-INT8_MAX, INT8_MAX)
+
+
+def quantized_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """Dequantized float32 Q, K, V ([B, H, L, D]) and the fp8-rounding of P, as the kernel
+    sees them (Q without the softmax scale)."""
+    q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))
+    q_scale = q.abs().amax(-1, keepdim=True).clamp_min(1e-30) / INT8_MAX
+    q_deq = _to_int8(q / q_scale) * q_scale
+    k = k - k.mean(dim=2, keepdim=True)
+    length = k.shape[2]
+    blocks = F.pad(k, (0, 0, 0, padded_length(length) - length)).unflatten(2, (-1, K_BLOCK))
+    k_scale = blocks.abs().amax(dim=(-1, -2), keepdim=True).clamp_min(1e-30) / INT8_MAX
+    k_deq = (_to_int8(blocks / k_scale) * k_scale).flatten(2, 3)[:, :, :length]
+    v_scale = v.abs().amax(dim=2, keepdim=True).clamp_min(1e-30) / FP8_MAX
+    v_deq = _to_fp8(v / v_scale) * v_scale
+    return q_deq, k_deq, v_deq
+
+
+def reference_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            query_chunk: int = 4096, pv_fp8: bool = True) -> torch.Tensor:
+    """What the kernel computes, with PyTorch operations in float32, queries a chunk at a time.
+    One softmax over all keys: the kernel's online softmax scales P by a running maximum, so
+    its fp8 P rounds at other points (a difference of the size of P's rounding; with
+    pv_fp8=False, P and V in bf16, the two agree to bf16 rounding)."""
+    q_deq, k_deq, v_deq = quantized_operands(q, k, v)
+    if not pv_fp8:
+        v_deq = v.transpose(1, 2).float()
+    out = torch.empty_like(q_deq)
+    for start in range(0, q_deq.shape[2], query_chunk):
+        rows = slice(start, start + query_chunk)
+        scores = (q_deq[:, :, rows] @ k_deq.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        total = weights.sum(-1, keepdim=True)
+        p = (_to_fp8(weights * P_SCALE) / P_SCALE if pv_fp8
+             else weights.to(torch.bfloat16).float())
+        out[:, :, rows] = (p @ v_deq) / total
+    return out.transpose(1, 2).to(q.dtype)
+
+
+# -- the kernel ----------------------------------------------------------------------------------
+
+@dataclass
+class Fp8Operands:
+    """Q, K (int8), V (fp8) in the kernel's layouts (fp8_attention_kernels.py), their scales."""
+    q8: torch.Tensor
+    k8: torch.Tensor
+    vt: torch.Tensor
+    q_scale: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    length: int
+    pv_fp8: bool
+
+
+def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  pv_fp8: bool = True) -> Fp8Operands:
+    """The kernel's operands of q [B, Lq, heads, head_dim] and k, v [B, L, heads, head_dim]
+    (the first of its two steps). pv_fp8=False keeps V in bf16 for a bf16 P V product (more
+    exact, slower)."""
+    from . import fp8_attention_kernels as kernels
+
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"fp8 attention takes q [B, Lq, H, D] and k, v [B, L, H, D]; got "
+                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    b, length, heads, dim = k.shape
+    lq, lp, lqp = q.shape[1], padded_length(length), padded_length(q.shape[1])
+    bh = b * heads
+    fp8 = torch.float8_e4m3fn
+    ops = Fp8Operands(
+        q8=q.new_empty(bh, lqp, dim, dtype=torch.int8),
+        k8=q.new_empty(bh, lp, dim, dtype=torch.int8),
+        vt=q.new_empty(bh, dim, lp, dtype=fp8 if pv_fp8 else torch.bfloat16),
+        q_scale=q.new_empty(bh, lqp, dtype=torch.float32),
+        k_scale=q.new_empty(bh, lp // K_BLOCK, dtype=torch.float32),
+        v_scale=(torch.linalg.vector_norm(v, ord=math.inf, dim=1, dtype=torch.float32)
+                 .clamp_min(1e-30).div_(FP8_MAX).reshape(bh, dim).contiguous()
+                 if pv_fp8 else q.new_ones(bh, dim, dtype=torch.float32)),
+        length=length, pv_fp8=pv_fp8)
+    k_mean = k.mean(dim=1, dtype=torch.float32).reshape(bh, dim).contiguous()
+    kernels.quantize_q_kernel[(lqp // K_BLOCK, bh)](
+        q, ops.q8, ops.q_scale, lq, lqp, heads, *q.stride()[:3], LOG2E / math.sqrt(dim),
+        BLOCK=K_BLOCK, D=dim)
+    grid = (lp // K_BLOCK, bh)
+    kernels.quantize_k_kernel[grid](k, k_mean, ops.k8, ops.k_scale, length, lp, heads,
+                                    *k.stride()[:3], BLOCK=K_BLOCK, D=dim)
+    kernels.quantize_vt_kernel[grid](v, ops.v_scale, ops.vt, length, lp, heads, *v.stride()[:3],
+                                     BLOCK=K_BLOCK, D=dim)
+    return ops
+
+
+def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = None) -> None:
+    """The attention kernel over quantized operands, written into out [B, Lq, heads, head_dim].
+    config: BLOCK_M, BLOCK_N, num_warps, num_stages instead of the autotuned choice."""
+    from . import fp8_attention_kernels as kernels
+
+    b, lq, heads, dim = out.shape
+    bh, lqp, lp = b * heads, ops.q8.shape[1], ops.k8.shape[1]
+
+    def grid(meta):
+        return (triton_cdiv(lq, meta["BLOCK_M"]), bh)
+
+    kernel = kernels.attention_kernel if config is None else kernels.attention_kernel.fn
+    kernel[grid](ops.q8, ops.k8, ops.vt, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length,
+                 lp, lq, lqp, heads, *out.stride()[:3], D=dim, KB=K_BLOCK, PV_FP8=ops.pv_fp8,
+                 **(config or {}))
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            config: dict | None = None, pv_fp8: bool = True) -> torch.Tensor:
+    ops = quantize_only(q, k, v, pv_fp8)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    attend_quantized(ops, out, config)
+    return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _register():
+    """The kernel as a PyTorch operator, so torch.compile keeps it whole inside a compiled
+    block. Registered once per process, also when two copies of this package are imported
+    (ComfyUI's custom_nodes copy and an installed one)."""
+    namespace, name = "wan_enhanced_attention", "fp8_self_attention"
+    existing = getattr(getattr(torch.ops, namespace), name, None)
+    if existing is not None:
+        return existing
+
+    @torch.library.custom_op(f"{namespace}::{name}", mutates_args=())
+    def fp8_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return _launch(q, k, v)
+
+    @fp8_self_attention.register_fake
+    def _(q, k, v):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    return fp8_self_attention
+
+
+FP8_SELF_ATTENTION = _register()  # at import: never inside a compiled region
+
+
+def make_fp8_attention():
+    """The backend function: the fp8 kernel for attention over long key sequences (self-
+    attention, also for a chunk of query rows), SDPA for short ones (text cross-attention)."""
+    op = FP8_SELF_ATTENTION
+
+    def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if k.shape[1] < MIN_KEYS:
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                 v.transpose(1, 2))
+            return out.transpose(1, 2)
+        return op(q, k, v)
+
+    return fp8_attention
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of q [B, Lq, heads, head_dim] over k, v [B, L, ...] (bf16/fp16) with the fp8
+    kernel where it applies
+    (see make_fp8_attention). Callers check fp8_attention_unavailable first."""
+    return make_fp8_attention()(q, k, v)

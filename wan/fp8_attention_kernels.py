@@ -1,0 +1,160 @@
+"""Triton kernels of the FP8 attention backend (see fp8_attention.py for the numerics).
+
+Imported only where Triton is installed. Layouts (bh = batch * heads + head):
+  q8  int8 [BH, LQp, D]      one scale per token (qs [BH, LQp], with softmax scale * log2(e));
+                             the queries may be fewer than the keys (a chunk of rows)
+  k8  int8 [BH, Lp, D]       the keys minus their mean over tokens, one scale per K_BLOCK
+                             tokens (ks [BH, Lp / K_BLOCK])
+  vt  fp8 e4m3 [BH, D, Lp]   values transposed (the layout fp8 tensor-core products take for
+                             the P x V operand), one scale per channel (vs [BH, D])
+Lp (LQp) is L (LQ) rounded up to K_BLOCK; the rows (columns of vt) past L are zeros. The output
+is written straight into the caller's [B, LQ, H, D] layout.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
+INT8_MAX = tl.constexpr(127.0)
+K_BLOCK = tl.constexpr(128)  # tokens per key scale; BLOCK_N divides it
+P_SCALE = tl.constexpr(448.0)  # probabilities (0..1) are multiplied by this before their fp8 cast
+
+
+@triton.jit
+def _round_int8(x):
+    """Round half away from zero (|x| <= 127 by construction) to int8."""
+    return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int32).to(tl.int8)
+
+
+@triton.jit
+def quantize_q_kernel(x_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l, stride_h,
+                      score_scale, BLOCK: tl.constexpr, D: tl.constexpr):
+    """int8 codes, one scale per token: its largest magnitude over the head's channels / 127."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    x = tl.load(x_ptr + b * stride_b + h * stride_h + rows[:, None] * stride_l + cols[None, :],
+                mask=rows[:, None] < L, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-30) / INT8_MAX
+    codes = _round_int8(x / scale[:, None])
+    keep = rows < Lp
+    tl.store(out_ptr + bh.to(tl.int64) * Lp * D + rows[:, None] * D + cols[None, :], codes,
+             mask=keep[:, None])
+    tl.store(scale_ptr + bh.to(tl.int64) * Lp + rows, scale * score_scale, mask=keep)
+
+
+@triton.jit
+def quantize_k_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l,
+                      stride_h, BLOCK: tl.constexpr, D: tl.constexpr):
+    """Keys minus their per-channel mean in int8 codes, one scale per BLOCK tokens."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    inside = rows[:, None] < L
+    x = tl.load(x_ptr + b * stride_b + h * stride_h + rows[:, None] * stride_l + cols[None, :],
+                mask=inside, other=0.0).to(tl.float32)
+    mean = tl.load(mean_ptr + bh.to(tl.int64) * D + cols)
+    x = tl.where(inside, x - mean[None, :], 0.0)
+    scale = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-30) / INT8_MAX
+    codes = _round_int8(x / scale)
+    tl.store(out_ptr + bh.to(tl.int64) * Lp * D + rows[:, None] * D + cols[None, :], codes)
+    tl.store(scale_ptr + bh.to(tl.int64) * (Lp // BLOCK) + pid, scale)
+
+
+@triton.jit
+def quantize_vt_kernel(x_ptr, scale_ptr, out_ptr, L, Lp, H, stride_b, stride_l, stride_h,
+                       BLOCK: tl.constexpr, D: tl.constexpr):
+    """Values divided by their channel scale, written transposed [D, Lp] in out's dtype (fp8;
+    bf16 with scales of 1 for the bf16 P V product)."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    x = tl.load(x_ptr + b * stride_b + h * stride_h + rows[:, None] * stride_l + cols[None, :],
+                mask=rows[:, None] < L, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr + bh.to(tl.int64) * D + cols)
+    codes = tl.trans((x / scale[None, :]).to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + bh.to(tl.int64) * D * Lp + cols[:, None] * Lp + rows[None, :], codes)
+
+
+@triton.jit
+def _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, start_n, L, Lp,
+                  BLOCK_N: tl.constexpr, D: tl.constexpr, KB: tl.constexpr,
+                  MASK: tl.constexpr, PV_FP8: tl.constexpr):
+    """One block of keys: int32 scores, online softmax in float32, P V."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    k = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :])
+    scale = qs * tl.load(ks_base + start_n // KB)
+    s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale[:, None]
+    if MASK:
+        s = tl.where(offs_n[None, :] < L, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    vt = tl.load(vt_base + offs_d[:, None] * Lp + offs_n[None, :])
+    if PV_FP8:
+        pv = tl.dot((p * P_SCALE).to(tl.float8e4nv), tl.trans(vt))
+    else:
+        pv = tl.dot(p.to(vt.dtype), tl.trans(vt))
+    acc = acc * alpha[:, None] + pv
+    return acc, l_i, m_new
+
+
+def attention_configs():
+    """The configurations the autotuner tries (the H100's best at Wan's shapes first)."""
+    configs = []
+    for block_m, block_n, warps, stages in ((128, 128, 8, 3), (128, 128, 8, 4),
+                                            (64, 128, 4, 3), (128, 64, 8, 3)):
+        configs.append(triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n},
+                                     num_warps=warps, num_stages=stages))
+    return configs
+
+
+@triton.autotune(configs=attention_configs(), key=["L", "LQ", "D", "PV_FP8"])
+@triton.jit
+def attention_kernel(q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H,
+                     stride_ob, stride_ol, stride_oh, D: tl.constexpr, KB: tl.constexpr,
+                     PV_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bh64 = bh.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + bh64 * LQp * D + offs_m[:, None] * D + offs_d[None, :],
+                mask=offs_m[:, None] < LQp, other=0.0)
+    qs = tl.load(qs_ptr + bh64 * LQp + offs_m, mask=offs_m < LQp, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    k_base = k_ptr + bh64 * Lp * D
+    vt_base = vt_ptr + bh64 * D * Lp
+    ks_base = ks_ptr + bh64 * (Lp // KB)
+    full = L - L % BLOCK_N
+    for start_n in range(0, full, BLOCK_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, start_n,
+                                      L, Lp, BLOCK_N, D, KB, False, PV_FP8)
+    if full < L:
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, full,
+                                      L, Lp, BLOCK_N, D, KB, True, PV_FP8)
+    if PV_FP8:
+        vs = tl.load(vs_ptr + bh64 * D + offs_d)
+        out = acc * (vs / P_SCALE)[None, :] / l_i[:, None]
+    else:
+        out = acc / l_i[:, None]
+    o = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh
+    tl.store(o + offs_m[:, None] * stride_ol + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=offs_m[:, None] < LQ)

@@ -258,9 +258,16 @@ def test_missing_shard(tmp_path):
 
 
 def test_shard_path_opens_the_whole_set(tmp_path):
-    folder = tiny.write_dit(tmp_path / "sharded", tiny.TINY_DIT["t2v"], "sharded")
-    model, info = load_dit(folder / "diffusion_pytorch_model-00001-of-00002.safetensors")
-    assert len(model.blocks) == 2
+    """Naming one shard loads every tensor of the set: the same weights as the same model
+    written as one file."""
+    config = tiny.TINY_DIT["t2v"]
+    folder = tiny.write_dit(tmp_path / "sharded", config, "sharded", seed=3)
+    whole = tiny.write_dit(tmp_path / "whole", config, "official", seed=3)
+    model, _ = load_dit(folder / "diffusion_pytorch_model-00001-of-00002.safetensors")
+    reference, _ = load_dit(whole)
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys() and len(model.blocks) == config.num_layers
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 def test_missing_file(tmp_path):

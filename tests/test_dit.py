@@ -100,11 +100,20 @@ def test_batch_matches_single():
 
 
 def test_context_longer_than_text_len_is_used_whole():
+    """Rows past text_len (512) are attended to, not cut: changing row 550 changes the output,
+    and a context of 600 rows is not the same as its first 512."""
     model = _tiny()
     x = torch.randn(1, 16, 1, 4, 4)
+    context = torch.randn(1, 600, 4096)
+    changed = context.clone()
+    changed[:, 550] += 5.0
+    t = torch.tensor([500.0])
     with torch.no_grad():
-        y = model(x, torch.tensor([500.0]), torch.randn(1, 600, 4096))
-    assert y.shape == x.shape and torch.isfinite(y).all()
+        y = model(x, t, context)
+        assert y.shape == x.shape
+        assert not torch.allclose(model(x, t, changed), y, rtol=0, atol=1e-6)
+        assert not torch.allclose(model(x, t, context[:, :512]), y, rtol=0, atol=1e-6)
+        assert torch.equal(model(x, t, context), y)
 
 
 def test_blocks_argument_replaces_the_block_list():

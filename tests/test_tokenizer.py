@@ -151,7 +151,18 @@ def test_ids_feed_the_encoder(spiece_bytes):
                           num_layers=1).eval()
     with torch.no_grad():
         hidden = encoder(ids, mask)
-    assert hidden.shape == (2, 512, 32) and torch.isfinite(hidden).all()
+        alone = encoder(ids[1:], mask[1:])
+        changed = ids.clone()
+        first_pad = int(mask[0].sum())
+        changed[0, first_pad + 3] = 7  # a token behind the mask
+        masked = encoder(changed, mask)
+    assert hidden.shape == (2, 512, 32)
+    # each prompt is encoded on its own: batching does not mix them
+    assert torch.allclose(hidden[1], alone[0], atol=1e-5)
+    # the two prompts' real tokens give different states
+    assert not torch.allclose(hidden[0, :first_pad], hidden[1, :first_pad], atol=1e-3)
+    # ids behind the mask do not reach the real tokens' states
+    assert torch.allclose(masked[0, :first_pad], hidden[0, :first_pad], atol=1e-6)
 
 
 def test_missing_path(tmp_path):

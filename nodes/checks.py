@@ -17,7 +17,7 @@ import math
 from typing import Iterable
 
 from .. import host
-from ..pipeline.latents import TEMPORAL_STRIDE
+from ..wan.configs import TEMPORAL_STRIDE
 from ..safe_paths import UnsafePathError, folder_problem, path_inside
 
 # Every Wan model's width and height divide by 16 pixels; TI2V-5B's by 32 (known only once the

@@ -17,7 +17,7 @@ def node_errors(node: str):
     which node and which field, and the process stays usable."""
     from ..checkpoints.reader import CheckpointError
     from ..host import ModelNameError, hide_server_paths
-    from ..pipeline.sample import InputError
+    from ..pipeline.errors import InputError
     from ..safe_paths import UnsafePathError
 
     try:

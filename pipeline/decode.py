@@ -13,7 +13,7 @@ from ..vae_tiling.decode import decode_to_images, plan_grid
 from . import memory_guard as guard
 from .handles import WanVAEHandle
 from .placement import DevicePlacement
-from .sample import InputError
+from .errors import InputError
 
 VAE_NAMES = {"vae21": "Wan2.1 VAE", "vae22": "Wan2.2 VAE"}
 

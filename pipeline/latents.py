@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .handles import WanModelHandle
-from .sample import InputError
+from ..wan.configs import TEMPORAL_STRIDE
+from .errors import InputError
 
-TEMPORAL_STRIDE = 4
 
 
 def _nearest_multiples(value: int, step: int) -> str:

@@ -23,8 +23,8 @@ from typing import Callable
 
 import torch
 
-from .latents import TEMPORAL_STRIDE
-from .sample import InputError
+from ..wan.configs import TEMPORAL_STRIDE
+from .errors import InputError
 
 GIB = 1 << 30
 SAMPLING_LATENT_COPIES = 4

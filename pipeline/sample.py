@@ -23,6 +23,7 @@ from ..wan.configs import EXPERT_BOUNDARY
 from .handles import WanModelHandle
 from .dit_placement import DiTPlacement
 from .placement import DevicePlacement
+from .errors import InputError
 
 
 
@@ -42,10 +43,6 @@ class SamplerSettings:
     # copied ahead of the one computing
     block_swap: int = 0
     prefetch_blocks: int = 1
-
-
-class InputError(ValueError):
-    """An input of the wrong kind; the message names the input and what was expected."""
 
 
 def conditioning_rows(conditioning, field: str, width: int = 4096) -> torch.Tensor:

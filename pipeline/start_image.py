@@ -25,7 +25,7 @@ from .decode import VAE_NAMES
 from .handles import WanCLIPVisionHandle, WanModelHandle, WanVAEHandle
 from .latents import empty_latent
 from .placement import DevicePlacement
-from .sample import InputError
+from .errors import InputError
 
 IMAGE_CONDITION_CHANNELS = 20  # 4 mask channels and 16 latent channels
 

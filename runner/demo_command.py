@@ -8,12 +8,14 @@ the run's memory event log and its report to the output folder.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
 
 from ..checkpoints.tiny import write_models_folder
 from ..safe_paths import folder_problem
+from . import run_command
 from .run_command import FAILED, INVALID
 from ..profiling.events import current_log, start_run
 from ..profiling.report import build_report
@@ -40,9 +42,14 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    from .cli import build_parser
+def _run_parser() -> argparse.ArgumentParser:
+    """A parser of the `run` command alone (the demo runs the workflow through it)."""
+    parser = argparse.ArgumentParser(prog="wan-enhanced")
+    run_command.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
 
+
+def run(args) -> int:
     out = Path(args.out)
     problem = folder_problem(out)
     if problem is not None:  # said before minutes of model building, not as a traceback after
@@ -59,7 +66,7 @@ def run(args) -> int:
         if args.quiet:
             argv.append("--quiet")
         start_run()
-        run_args = build_parser().parse_args(argv)
+        run_args = _run_parser().parse_args(argv)
         code = run_args.func(run_args)
     try:
         log_path = current_log().save(out / "memory_events.json")

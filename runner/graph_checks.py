@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..wan.configs import pixel_stride, vae_kind
-from .workflow import Issue, Registry, is_link, node_title
+from .graph_types import Issue, Registry, is_link, node_title
 
 VAE_NAMES = {"vae21": "Wan2.1 VAE", "vae22": "Wan2.2 VAE"}
 PASS_THROUGH = {"WanEnhancedMemoryProbe": "value"}

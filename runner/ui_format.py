@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .workflow import Issue, WorkflowError
+from .graph_types import Issue, WorkflowError
 
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
 MUTED, BYPASSED = 2, 4

@@ -33,51 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-Registry = Mapping[str, type]
+from .graph_types import Issue, Registry, WorkflowError, is_link, node_title
 
 CONSTANT_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
 ANY_TYPE = "*"
-
-
-# -- problems --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Issue:
-    """One problem found in a workflow, located as precisely as possible."""
-
-    message: str
-    node_id: str | None = None
-    class_type: str | None = None
-    title: str | None = None
-    input_name: str | None = None
-
-    def __str__(self) -> str:
-        if self.node_id is None:
-            return self.message
-        where = f"node {self.node_id}"
-        label = " ".join(part for part in (self.class_type,
-                                           f'"{self.title}"' if self.title else None) if part)
-        if label:
-            where += f" ({label})"
-        if self.input_name is not None:
-            where += f', input "{self.input_name}"'
-        return f"{where}: {self.message}"
-
-
-class WorkflowError(Exception):
-    """The workflow cannot run; `errors` lists every problem found."""
-
-    def __init__(self, errors: list[Issue], source: str | None = None):
-        self.errors = list(errors)
-        self.source = source
-        super().__init__(self._text())
-
-    def _text(self) -> str:
-        name = f"workflow {self.source}" if self.source else "workflow"
-        count = len(self.errors)
-        lines = [f"{name} is invalid ({count} error{'s' if count != 1 else ''}):"]
-        lines += [f"  - {issue}" for issue in self.errors]
-        return "\n".join(lines)
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -136,17 +95,6 @@ class ValidatedWorkflow:
     output_nodes: list[str]
     order: list[str]
     warnings: list[Issue] = field(default_factory=list)
-
-
-def node_title(node: Mapping) -> str | None:
-    meta = node.get("_meta")
-    if isinstance(meta, Mapping) and isinstance(meta.get("title"), str) and meta["title"]:
-        return meta["title"]
-    return None
-
-
-def is_link(value: Any) -> bool:
-    return isinstance(value, list)
 
 
 def validate(workflow: Mapping, registry: Registry, source: str | None = None) \

@@ -101,6 +101,10 @@ SAME_SHAPE_ALIASES = {"wan2.1-t2v-14b": ("wan2.2-t2v-a14b",)}
 
 HEAD_DIM = 128  # every released size; used when a checkpoint carries no head count
 
+# Both Wan VAEs: latent frame i > 0 stands for 4 video frames (frame 0 for one), so videos have
+# 4n + 1 frames.
+TEMPORAL_STRIDE = 4
+
 # Wan2.2 A14B: the high-noise expert runs while t >= boundary * 1000.
 EXPERT_BOUNDARY = {"t2v": 0.875, "i2v": 0.900}
 

@@ -2,7 +2,7 @@
 
 Stages: an event's peak covers the interval since the previous event (profiling/events.py), so
 each event's peak counts for the stage it names. Rows are the stages in order of first
-appearance, with every sampling step ("step i/n" in stage "sample") and every probe label
+appearance, with every sampling step (a "sample" event whose extra carries "step") and every probe label
 ("probe: <label>": whatever ran since the previous event, native nodes included) a row of its
 own, and an "initial" row first: the counters when the log began (run.initial), or, in logs older
 than that key, the first event's current values.
@@ -11,14 +11,12 @@ than that key, the first event's current values.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .events import SCHEMA, EventLog
 
 GIB = float(1 << 30)
-STEP_LABEL = re.compile(r"^step (\d+)/(\d+)$")
 COMPONENT_ORDER = ("dit", "text_encoder", "clip_vision", "vae")
 OTHER = "other"
 EXPECTED = f"a memory event log (JSON of schema {SCHEMA}, as the Wan Memory Probe, " \
@@ -161,10 +159,18 @@ def origin(data: dict) -> float:
     return min(times) if times else 0.0
 
 
+def step_number(event: dict) -> int | None:
+    """The sampling step an event records (its extra's "step", set by the sampler), or None."""
+    if event.get("stage") != "sample":
+        return None
+    step = (event.get("extra") or {}).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def row_name(event: dict) -> str:
     stage = event.get("stage") or "(no stage)"
     label = event.get("label", "")
-    if stage == "sample" and STEP_LABEL.match(label):
+    if step_number(event) is not None:
         return label
     if stage == "probe":
         return f"probe: {label}"
@@ -235,12 +241,11 @@ def step_statistics(data: dict) -> StepStats | None:
     for event in events:
         if event.get("stage") != "sample":
             continue
-        match = STEP_LABEL.match(event.get("label", ""))
-        if match is None:
+        number = step_number(event)
+        if number is None:
             previous_sample_event, previous_step = event, None  # a sampler starts or ends
             continue
         steps += 1
-        number = int(match.group(1))
         if previous_step is not None and number > previous_step[0]:
             before, after = previous_step[1].get(memory_field), event.get(memory_field)
             if before is not None and after is not None:

@@ -60,10 +60,14 @@ def synthetic_log(cuda=True, activity=False) -> dict:
         e("models loaded", "probe", 3.5, rss=11.0),
         e("text encoded", "text_encode", 5.0, peak=4.0, reserved=4.5, rss=12.0),
         e("sampling starts", "sample", 6.0, rss=12.0),
-        e("step 1/4", "sample", 8.0, alloc=7.0, peak=9.0, reserved=10, rss=12.5),
-        e("step 2/4", "sample", 9.5, alloc=7.25, peak=8.0, reserved=10, rss=12.75),
-        e("step 3/4", "sample", 10.5, alloc=7.0, peak=8.5, reserved=10, rss=12.5),
-        e("step 4/4", "sample", 12.5, alloc=7.5, peak=8.0, reserved=10, rss=13.0),
+        e("step 1/4", "sample", 8.0, alloc=7.0, peak=9.0, reserved=10, rss=12.5,
+          extra={"step": 1}),
+        e("step 2/4", "sample", 9.5, alloc=7.25, peak=8.0, reserved=10, rss=12.75,
+          extra={"step": 2}),
+        e("step 3/4", "sample", 10.5, alloc=7.0, peak=8.5, reserved=10, rss=12.5,
+          extra={"step": 3}),
+        e("step 4/4", "sample", 12.5, alloc=7.5, peak=8.0, reserved=10, rss=13.0,
+          extra={"step": 4}),
         e("sampling done", "sample", 13.0, peak=7.5, rss=12.0),
         e("decode starts", "decode", 14.0, rss=12.0),
         e("decode done", "decode", 20.0, peak=2.0, reserved=3.0, rss=12.25),
@@ -346,3 +350,11 @@ def test_probe_inputs_keep_their_order():
     assert list(spec["optional"]) == ["save_log", "write_report"]  # appended, never reordered
     assert spec["optional"]["write_report"] == ("BOOLEAN", spec["optional"]["write_report"][1])
     assert spec["optional"]["write_report"][1]["default"] is False
+
+
+def test_steps_are_read_from_the_events_extra_not_their_label():
+    from wan_enhanced.profiling.report_data import step_number
+    assert step_number(event("step 2/4", "sample", 1.0, extra={"step": 2})) == 2
+    assert step_number(event("step 9/9", "sample", 1.0)) is None  # a label alone is no step
+    assert step_number(event("anything", "sample", 1.0, extra={"step": 3})) == 3
+    assert step_number(event("step 1/1", "decode", 1.0, extra={"step": 1})) is None

@@ -2,9 +2,9 @@
 
 Stages: an event's peak covers the interval since the previous event (profiling/events.py), so
 each event's peak counts for the stage it names. Rows are the stages in order of first
-appearance, with every sampling step (a "sample" event whose extra carries "step") and every probe label
-("probe: <label>": whatever ran since the previous event, native nodes included) a row of its
-own, and an "initial" row first: the counters when the log began (run.initial), or, in logs older
+appearance, with every sampling step (a "sample" event whose extra carries "step") and every
+probe label ("probe: <label>": whatever ran since the previous event, native nodes included) a
+row of its own, and an "initial" row first: the counters when the log began (run.initial), or, in logs older
 than that key, the first event's current values.
 """
 

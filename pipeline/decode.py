@@ -9,13 +9,14 @@ import torch
 
 from .. import host
 from ..vae_tiling.budget import DecodeCost
+from ..wan.configs import VAES
 from ..vae_tiling.decode import decode_to_images, plan_grid
 from . import memory_guard as guard
 from .handles import WanVAEHandle
 from .placement import DevicePlacement
 from .errors import InputError
 
-VAE_NAMES = {"vae21": "Wan2.1 VAE", "vae22": "Wan2.2 VAE"}
+VAE_NAMES = {kind: spec.name for kind, spec in VAES.items()}
 
 
 def check_latent_for_vae(vae: WanVAEHandle, latent, field: str = "latent") -> torch.Tensor:

@@ -23,13 +23,13 @@ from typing import Callable
 
 import torch
 
-from ..wan.configs import TEMPORAL_STRIDE
+from ..wan.configs import TEMPORAL_STRIDE, VAES
 from .errors import InputError
 
 GIB = 1 << 30
 SAMPLING_LATENT_COPIES = 4
 # (latent channels, pixels per latent pixel) of the Wan VAEs
-VAE_LATENTS = {"vae21": (16, 8), "vae22": (48, 16)}
+VAE_LATENTS = {kind: (spec.latent_channels, spec.spatial_stride) for kind, spec in VAES.items()}
 
 
 class MemoryRefusal(InputError):

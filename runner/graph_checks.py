@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..wan.configs import pixel_stride, vae_kind
+from ..wan.configs import VAES, pixel_stride, vae_kind
 from .graph_types import Issue, Registry, is_link, node_title
 
-VAE_NAMES = {"vae21": "Wan2.1 VAE", "vae22": "Wan2.2 VAE"}
+VAE_NAMES = {kind: spec.name for kind, spec in VAES.items()}
 PASS_THROUGH = {"WanEnhancedMemoryProbe": "value"}
 LATENT_MAKERS = ("WanEnhancedEmptyLatent", "WanEnhancedImageToVideoLatent")
 MAX_HOPS = 64

@@ -69,7 +69,7 @@ class DiTConfig:
 class KnownDiT:
     """A released model: its configuration and the VAE it works with."""
     config: DiTConfig
-    vae: str  # "vae21" or "vae22"
+    vae: str  # a key of VAES
     family: str  # "wan2.1" or "wan2.2"
     experts: tuple[str, ...] = field(default=())
 
@@ -109,19 +109,36 @@ TEMPORAL_STRIDE = 4
 EXPERT_BOUNDARY = {"t2v": 0.875, "i2v": 0.900}
 
 
-# Pixels per latent pixel of each VAE, and the latent channels each encodes to.
-VAE_SPATIAL_STRIDE = {"vae21": 8, "vae22": 16}
-VAE_LATENT_CHANNELS = {"vae21": 16, "vae22": 48}
+@dataclass(frozen=True)
+class VAESpec:
+    """A released Wan VAE: what the rest of the package needs to know of it."""
+    kind: str  # the key files, models and workflows are matched by
+    name: str
+    latent_channels: int
+    spatial_stride: int  # pixels per latent pixel
+    temporal_stride: int = TEMPORAL_STRIDE
+
+
+VAES: dict[str, VAESpec] = {
+    "vae21": VAESpec("vae21", "Wan2.1 VAE", latent_channels=16, spatial_stride=8),
+    "vae22": VAESpec("vae22", "Wan2.2 VAE", latent_channels=48, spatial_stride=16),
+}
 
 
 def vae_kind(config: DiTConfig) -> str:
-    """The VAE whose latents a DiT works on: the Wan2.2 VAE for 48-channel models (TI2V-5B)."""
-    return "vae22" if config.out_dim == VAE_LATENT_CHANNELS["vae22"] else "vae21"
+    """The VAE whose latents a DiT works on: the one whose latent channels it outputs (the
+    Wan2.2 VAE for TI2V-5B's 48, the Wan2.1 VAE otherwise)."""
+    matching = [spec.kind for spec in VAES.values() if spec.latent_channels == config.out_dim]
+    return matching[0] if matching else "vae21"
+
+
+def vae_spec(config: DiTConfig) -> VAESpec:
+    return VAES[vae_kind(config)]
 
 
 def pixel_stride(config: DiTConfig) -> int:
     """Pixels per latent-grid step times the patch: what a video's width and height divide by."""
-    return VAE_SPATIAL_STRIDE[vae_kind(config)] * config.patch_size[1]
+    return vae_spec(config).spatial_stride * config.patch_size[1]
 
 
 def match_known(config: DiTConfig) -> str | None:

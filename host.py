@@ -99,6 +99,31 @@ def check_interrupt() -> None:
         raise Interrupted("interrupted")
 
 
+# -- the prompt being run -----------------------------------------------------------------------
+
+_headless_prompt: list[str | None] = [None]
+
+
+def begin_prompt(prompt_id: str) -> None:
+    """Headless: the id of the prompt (run) that starts now (our runner calls this)."""
+    _headless_prompt[0] = str(prompt_id)
+
+
+def end_prompt() -> None:
+    _headless_prompt[0] = None
+
+
+def current_prompt_id() -> str | None:
+    """The id of the prompt whose node is running: ComfyUI's (its execution context, set around
+    every node it runs), else the one our runner began, else None."""
+    utils = _comfy("comfy_execution.utils")
+    context = utils.get_executing_context() if utils is not None and hasattr(
+        utils, "get_executing_context") else None
+    if context is not None and getattr(context, "prompt_id", None):
+        return str(context.prompt_id)
+    return _headless_prompt[0]
+
+
 ProgressListener = Callable[[str, int, int], None]
 _listeners: list[ProgressListener] = []
 

@@ -22,7 +22,7 @@ from .. import host
 from ..profiling.events import current_log, start_run
 from .bench_models import MODEL_SETS, ensure_model_set
 
-WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
+WORKFLOWS = Path(__file__).resolve().parent.parent / "api_workflows"
 GIB = 2 ** 30
 
 

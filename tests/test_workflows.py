@@ -15,7 +15,7 @@ from wan_enhanced.runner.ui_format import api_to_ui, ui_to_api
 from wan_enhanced.runner.workflow import WorkflowError, validate
 
 ROOT = Path(__file__).resolve().parent.parent
-API = sorted((ROOT / "workflows").glob("*.json"))
+API = sorted((ROOT / "api_workflows").glob("*.json"))
 SCENARIOS = {"wan22_ti2v_5b_speed_preview", "wan22_ti2v_5b_efficiency", "wan22_ti2v_5b_max_quality",
              "wan22_ti2v_5b_long_duration", "wan21_t2v_1_3b_memory_baseline",
              "wan21_tiled_decode_comparison"}
@@ -72,7 +72,7 @@ def test_node_contracts():
 
 
 def test_wrong_workflow_reports_every_problem(models):
-    api = json.loads((ROOT / "workflows" / "wan22_ti2v_5b_speed_preview.json").read_text())
+    api = json.loads((ROOT / "api_workflows" / "wan22_ti2v_5b_speed_preview.json").read_text())
     api["6"]["inputs"]["steps"] = 0
     api["6"]["inputs"]["scheduler"] = "ddim"
     api["7"]["inputs"]["vae"] = ["99", 0]

@@ -180,15 +180,27 @@ def announce_output(node_id, path: Path) -> None:
 # -- files -------------------------------------------------------------------------------------
 
 _paths = {"models": os.environ.get("WAN_ENHANCED_MODELS", "models"),
-          "output": os.environ.get("WAN_ENHANCED_OUTPUT", "output")}
+          "output": os.environ.get("WAN_ENHANCED_OUTPUT", "output"),
+          "input": os.environ.get("WAN_ENHANCED_INPUT", "input")}
 
 
-def set_headless_folders(models: str | Path | None = None, output: str | Path | None = None):
-    """Folders used without ComfyUI: models/<folder>/ for the loaders, and the output folder."""
+def set_headless_folders(models: str | Path | None = None, output: str | Path | None = None,
+                         input: str | Path | None = None):
+    """Folders used without ComfyUI: models/<folder>/ for the loaders, the output folder, and
+    the input folder LoadImage reads."""
     if models is not None:
         _paths["models"] = str(models)
     if output is not None:
         _paths["output"] = str(output)
+    if input is not None:
+        _paths["input"] = str(input)
+
+
+def input_directory() -> Path:
+    fp = _comfy("folder_paths")
+    if fp is not None:
+        return Path(fp.get_input_directory())
+    return Path(_paths["input"])
 
 
 def list_models(folder: str) -> list[str]:

@@ -59,3 +59,23 @@ def test_auto_dtype_is_fp32_on_a_cpu_and_bf16_on_a_gpu(tmp_path, monkeypatch):
         required = cls.INPUT_TYPES()["required"]
         spec = required.get("weight_dtype") or required["dtype"]
         assert spec[1]["default"] == "auto" and "fp32 on a CPU" in spec[1]["tooltip"]
+
+
+def test_text_encoding_reports_progress_per_block(tmp_path):
+    """A CPU encode of the full umT5 takes minutes: one progress update per block (inside
+    ComfyUI its progress bar, which also checks for an interrupt)."""
+    tiny.write_models_folder(tmp_path, dit_name="dit.safetensors", vae_name="vae.safetensors",
+                             text_encoder_name="te.safetensors", kind="t2v")
+    host.set_headless_folders(models=tmp_path)
+    seen = []
+    listener = lambda label, value, total: seen.append((label, value, total))  # noqa: E731
+    host.add_progress_listener(listener)
+    try:
+        (encoder,) = NODE_CLASS_MAPPINGS["WanEnhancedTextEncoderLoader"]().load(
+            "te.safetensors", "fp32", "cpu")
+        NODE_CLASS_MAPPINGS["WanEnhancedTextEncode"]().encode(encoder, "a fox", "blurry")
+    finally:
+        host.remove_progress_listener(listener)
+        host.set_headless_folders(models="models")
+    blocks = len(encoder.model.blocks)
+    assert blocks >= 2 and seen == [("Wan Text Encode", i, blocks) for i in range(1, blocks + 1)]

@@ -386,3 +386,15 @@ def test_a_broken_graph_gets_the_same_verdict_from_comfyui_and_from_us(server, n
             if issue.input_name is not None}
     assert status == 400
     assert comfy == ours == expected, (comfy, [str(i) for i in caught.value.errors])
+
+
+def test_each_prompt_writes_its_own_event_log_with_its_id(server, tmp_path):
+    url, root, _ = server
+    workflow = {"1": node("WanEnhancedMemoryProbe", value="anything", label="here",
+                          save_log="prompt_logs/probe.json")}
+    client = Client(url, timeout=60)
+    for _ in range(2):
+        result = client.run(workflow, tmp_path)
+        log = json.loads((root / "out" / "prompt_logs" / "probe.json").read_text())
+        assert log["run"]["prompt_id"] == result.prompt_id
+        assert [e["label"] for e in log["events"]] == ["here"]  # nothing of earlier prompts

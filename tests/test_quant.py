@@ -587,11 +587,7 @@ def test_layer_refuses_tensors_of_another_format():
 # -- the GPU benchmark's CPU smoke test ----------------------------------------------------
 
 def test_gpu_benchmark_quick_runs_on_the_cpu(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    try:
-        import quant_gpu
-    finally:
-        sys.path.pop(0)
+    from wan_enhanced.bench import quant_gpu
     code = quant_gpu.main(["--out", str(tmp_path), "--quick", "--repeats", "1",
                            "--case", "dit_1_3b", "--mode", "eager"])
     data = json.loads((tmp_path / "quant_gpu.json").read_text())

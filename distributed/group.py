@@ -49,6 +49,8 @@ BOOT_FOLDER = Path(__file__).resolve().parent / "boot"
 START_TIMEOUT_S = 600.0
 STOP_GRACE_S = 120.0
 POLL_S = 0.1
+# after a failure the other ranks may wait in a collective forever: a short wait, then terminate
+FAILED_RANKS_GRACE_S = 2.0
 
 
 class WorkerGroup:
@@ -95,7 +97,7 @@ class WorkerGroup:
         try:
             self._await_ready()
         except BaseException:
-            self.shutdown()
+            self.shutdown(FAILED_RANKS_GRACE_S)
             raise
         return self
 
@@ -136,10 +138,11 @@ class WorkerGroup:
     def run(self, task: str, payload: Any = None, *,
             on_progress: Callable[[Any], None] | None = None,
             interrupt: Callable[[], None] | None = None,
-            stop_grace_s: float = STOP_GRACE_S) -> Any:
+            stop_grace_s: float = STOP_GRACE_S, timeout_s: float | None = None) -> Any:
         """Run `task` ("module:function", worker.resolve_task) on every rank with `payload`;
         return rank 0's result. `interrupt()` is polled while waiting: when it raises, the ranks
-        stop at their next step and its exception is re-raised here."""
+        stop at their next step and its exception is re-raised here. Without an answer within
+        `timeout_s` (default: no limit) the group is shut down (WorkerFailed)."""
         if not self.alive:
             raise WorkerFailed(None, None, "it is not running")
         self.stop_event.clear()
@@ -150,17 +153,20 @@ class WorkerGroup:
                 except (BrokenPipeError, OSError) as exc:
                     raise WorkerFailed(rank, self.device_name(rank),
                                        f"it cannot be reached ({exc})") from None
-            return self._await_result(on_progress, interrupt, stop_grace_s)
+            return self._await_result(on_progress, interrupt, stop_grace_s, timeout_s)
         except _Stopped as stopped:  # every rank stopped at the same step: the group is fine
             raise stopped.exc from None
         except BaseException:  # a failure, or an exception in the driver: the state is unknown
-            self.shutdown()
+            self.shutdown(FAILED_RANKS_GRACE_S)
             raise
 
-    def _await_result(self, on_progress, interrupt, stop_grace_s):
+    def _await_result(self, on_progress, interrupt, stop_grace_s, timeout_s):
         stop: BaseException | None = None
         deadline = None
+        give_up = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
+            if give_up is not None and time.monotonic() > give_up:
+                raise WorkerFailed(None, None, f"no answer within {timeout_s:.0f} s")
             for rank, message in self._messages():
                 kind = message[0]
                 if kind == "progress" and on_progress is not None:
@@ -210,7 +216,7 @@ class WorkerGroup:
             reason = _exit_reason(message[1])
         else:
             reason = f"unexpected message {kind!r}"
-        self.shutdown()
+        self.shutdown(FAILED_RANKS_GRACE_S)
         raise WorkerFailed(rank, self.device_name(rank), reason)
 
     # -- stopping ------------------------------------------------------------------------------

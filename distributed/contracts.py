@@ -69,3 +69,31 @@ class ForwardResult:
     outputs: list[torch.Tensor]
     metrics: list[dict]  # one per rank (metrics.py)
     seconds: list[float]  # wall time of each forward on rank 0 (synchronized)
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One sampling run of the sampler node, done by the worker group: the start latent
+    (normalised, noise already added), the conditioning and the schedule; the ranks run the
+    whole denoise loop and rank 0 returns the final latent."""
+    models: tuple[ModelSpec, ...]  # one model, or the A14B (high_noise, low_noise) experts
+    start: torch.Tensor  # [B, C, F, H, W] float32
+    cond: torch.Tensor  # [1, L, 4096]
+    uncond: torch.Tensor | None
+    scheduler: str
+    schedule: Any  # sampling.schedules.FlowSchedule
+    cfg: float
+    cfg_low_noise: float | None = None  # A14B: the low-noise expert's guidance
+    boundary: float | None = None  # A14B: the switch point
+    first_frame: torch.Tensor | None = None  # normalised [B, C, 1, H, W]
+    y: torch.Tensor | None = None  # image-to-video conditioning channels
+    clip_tokens: torch.Tensor | None = None
+    mode: str = "auto"
+    cfg_parallel: bool = True
+
+
+@dataclass
+class SampleResult:
+    latent: torch.Tensor  # the final (normalised) sample, CPU float32
+    metrics: list[dict]  # one per rank (metrics.py)
+    experts: list[str]  # the expert of every step

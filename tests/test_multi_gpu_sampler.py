@@ -1,0 +1,209 @@
+"""The sampler node's `gpus` input, run by the warm worker group on gloo processes
+(WAN_ENHANCED_DEVICE=cpu): the same latent as one process (sequence parallel, CFG parallel,
+both at 4 ranks, FSDP2, the A14B expert switch), interrupts, a rank killed mid-run, and every
+refusal before anything starts."""
+
+import pytest
+import torch
+
+from wan_enhanced import host
+from wan_enhanced.checkpoints import tiny
+from wan_enhanced.distributed import group as group_module
+from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
+from wan_enhanced.nodes.common import NodeInputError, NodeRunError
+from wan_enhanced.profiling.events import start_run
+
+DIT, VAE, TE = "tiny_t2v.safetensors", "tiny_vae21.safetensors", "tiny_umt5.safetensors"
+TOLERANCE = 2e-6  # relative to max |latent|: float32 rounding
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    tiny.write_models_folder(root, dit_name=DIT, vae_name=VAE, text_encoder_name=TE, kind="t2v")
+    return root
+
+
+@pytest.fixture
+def cpu_ranks(models, tmp_path, monkeypatch):
+    monkeypatch.setenv("WAN_ENHANCED_DEVICE", "cpu")
+    host.set_headless_folders(models=models, output=tmp_path / "out")
+    host.clear_interrupt()
+    yield
+    host.clear_interrupt()
+    host.set_headless_folders(models="models", output="output")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_group_left():
+    yield
+    group_module.shutdown_worker_group()
+
+
+def node(name):
+    return NODES[f"WanEnhanced{name}"]()
+
+
+@pytest.fixture
+def inputs(cpu_ranks):
+    (model,) = node("ModelLoader").load(DIT, "fp32", "sdpa")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    positive, negative = node("TextEncode").encode(encoder, "a red fox in the snow", "blurry")
+    (latent,) = node("EmptyLatent").make(model, 48, 32, 5, 1)  # 2 x 2 x 3 = 12 token rows
+    return model, positive, negative, latent
+
+
+def sample(inputs, **kwargs):
+    model, positive, negative, latent = inputs
+    settings = dict(seed=7, steps=3, cfg=4.0, shift=5.0, scheduler="unipc", denoise=1.0)
+    settings.update(kwargs)
+    (out,) = node("Sampler").run(model, positive, negative, latent, **settings)
+    return out["samples"]
+
+
+def _close(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item() <= TOLERANCE
+
+
+@pytest.mark.parametrize("gpus,fsdp", [(2, False), (3, False), (4, False), (2, True)])
+def test_gpus_give_the_one_process_latent(inputs, gpus, fsdp):
+    """2: CFG parallel (one rank per half); 3: no halves, both forwards split over 3 ranks (ring:
+    the 2 heads do not divide); 4: CFG parallel with each half split over 2 (Ulysses)."""
+    log = start_run()
+    reference = sample(inputs)
+    out = sample(inputs, gpus=gpus, fsdp=fsdp)
+    assert _close(out, reference)
+    ranks = [e for e in log.events if e["stage"] == "ranks"]
+    assert [e["extra"]["rank"] for e in ranks] == list(range(gpus))
+    extra = ranks[0]["extra"]
+    assert extra["gpus"] == gpus and extra["fsdp"] == fsdp
+    assert extra["cfg_parallel"] == (gpus % 2 == 0)
+    assert extra["forwards"] == (3 if gpus % 2 == 0 else 6)  # 3 steps, one or two forwards
+    assert (extra["cfg_calls"] > 0) == (gpus % 2 == 0)
+    assert (extra["ring_calls"] > 0) == (gpus == 3)
+    assert (extra["all_to_all_calls"] > 0) == (gpus == 4)
+    steps = [e for e in log.events if (e.get("extra") or {}).get("step")]
+    assert [e["extra"]["step"] for e in steps][-3:] == [1, 2, 3]
+
+
+def test_a14b_experts_switch_under_fsdp(inputs):
+    """The high-noise expert with guidance, the low-noise one without (its steps run one
+    forward over all ranks), both sharded."""
+    model, positive, negative, latent = inputs
+    (low,) = node("ModelLoader").load(DIT, "fp32", "sdpa")
+    with torch.no_grad():  # a different second expert, so that the switch shows
+        for p in low.model.parameters():
+            p.mul_(0.9)
+    pair = dict(low_noise_model=low, boundary=0.9, cfg_low_noise=1.0, steps=4)
+    reference = sample(inputs, **pair)
+    # the ranks load the experts from their files: a second file for the changed expert
+    path = host.resolve_model("diffusion_models", DIT).with_name("tiny_t2v_low.safetensors")
+    tiny.write_dit(path, low.config, "comfy", state={k: v.clone() for k, v in
+                                                     low.model.state_dict().items()},
+                   dtype=torch.float32)
+    (low_file,) = node("ModelLoader").load(path.name, "fp32", "sdpa")
+    pair["low_noise_model"] = low_file
+    out = sample(inputs, gpus=2, fsdp=True, **pair)
+    assert _close(out, reference)
+    only_high = sample(inputs, gpus=2, fsdp=True, **{**pair, "boundary": 0.0})
+    assert not _close(only_high, reference)  # the switch matters
+
+
+def test_interrupt_stops_every_rank_and_the_group_runs_again(inputs):
+    sample(inputs, gpus=2)  # the group is warm
+    group = group_module._GROUP
+    pids = [p.pid for p in group.context.processes]
+
+    def interrupt_after_first_step(label, value, total):
+        if value == 1:
+            host.request_interrupt()
+
+    host.add_progress_listener(interrupt_after_first_step)
+    try:
+        with pytest.raises(host.Interrupted):
+            sample(inputs, gpus=2, steps=50)
+    finally:
+        host.remove_progress_listener(interrupt_after_first_step)
+    assert group_module._GROUP is group and group.alive  # the same warm ranks
+    assert [p.pid for p in group.context.processes] == pids
+    sample(inputs, gpus=2, steps=1)
+
+
+def test_a_rank_killed_mid_run_is_named_and_the_next_run_starts_fresh(inputs):
+    reference = sample(inputs)
+    sample(inputs, gpus=2)
+    old = group_module._GROUP
+    processes = list(old.context.processes)
+
+    def kill_rank_1(label, value, total):
+        if value == 1 and old.alive:
+            old.context.processes[1].kill()
+
+    host.add_progress_listener(kill_rank_1)
+    try:
+        with pytest.raises(NodeRunError) as caught:
+            sample(inputs, gpus=2, steps=50)
+    finally:
+        host.remove_progress_listener(kill_rank_1)
+    assert str(caught.value).startswith(
+        "Wan Sampler: rank 1 (CPU process 1) failed: its process was killed by SIGKILL")
+    assert "the next run starts a fresh one" in str(caught.value)
+    assert not old.alive and not any(p.is_alive() for p in processes)
+    out = sample(inputs, gpus=2)
+    assert group_module._GROUP is not old and _close(out, reference)
+
+
+def test_more_gpus_than_exist_is_refused_by_name(inputs, monkeypatch):
+    sampler = NODES["WanEnhancedSampler"]
+    verdict = sampler.VALIDATE_INPUTS(cfg=4.0, shift=5.0, denoise=1.0, gpus=9)
+    assert verdict == "gpus: 9 asked for; this machine has room for 8 CPU processes " \
+                      "(WAN_ENHANCED_DEVICE=cpu: the ranks are CPU processes)"
+    assert sampler.VALIDATE_INPUTS(cfg=4.0, shift=5.0, denoise=1.0, gpus=2) is True
+    monkeypatch.delenv("WAN_ENHANCED_DEVICE")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sampler.VALIDATE_INPUTS(cfg=4.0, shift=5.0, denoise=1.0, gpus=2) == \
+        "gpus: 2 asked for; this machine has no CUDA GPU"
+    with pytest.raises(NodeInputError, match="^Wan Sampler: gpus: 2 asked for; this machine "
+                                             "has no CUDA GPU$"):
+        sample(inputs, gpus=2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert sampler.VALIDATE_INPUTS(cfg=4.0, shift=5.0, denoise=1.0, gpus=4) == \
+        "gpus: 4 asked for; this machine has 1 CUDA GPU"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(gpus=2, block_swap=4), "block_swap: 4 with gpus 2"),
+    (dict(fsdp=True), "gpus 1 / fsdp True: expected gpus >= 1, and fsdp only with gpus > 1"),
+])
+def test_settings_that_cannot_be_split_are_refused(inputs, kwargs, message):
+    with pytest.raises(NodeInputError, match=message):
+        sample(inputs, **kwargs)
+    assert group_module._GROUP is None or group_module._GROUP.alive
+
+
+def test_model_not_from_a_file_and_fsdp_with_compile(inputs):
+    model, positive, negative, latent = inputs
+    from dataclasses import replace
+    loose = replace(model, weight_dtype=None)
+    with pytest.raises(NodeInputError, match="model: .* was not loaded from a file"):
+        sample((loose, positive, negative, latent), gpus=2)
+    compiled = replace(model, compile=True)
+    with pytest.raises(NodeInputError, match="fsdp: the compiled blocks bypass"):
+        sample((compiled, positive, negative, latent), gpus=2, fsdp=True)
+
+
+def test_a_run_that_cannot_fit_even_sharded_is_refused_with_the_estimate(inputs, monkeypatch):
+    from wan_enhanced.pipeline import memory_guard
+
+    started = []
+    monkeypatch.setattr(group_module.WorkerGroup, "start", lambda self: started.append(self))
+    monkeypatch.setattr(memory_guard, "machine_memory", lambda: (1 << 20, "1 MiB"))
+    with pytest.raises(NodeInputError) as caught:
+        sample(inputs, gpus=2, fsdp=True)
+    message = str(caught.value)
+    assert message.startswith("Wan Sampler: gpus: sampling tiny_t2v.safetensors at 48x32x5 over "
+                              "2 CPU processes with fsdp needs about ")
+    assert "(weights " in message and "this machine has 1 MiB in all" in message
+    assert message.endswith("use fewer processes or a smaller video")
+    assert not started

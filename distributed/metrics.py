@@ -8,6 +8,7 @@ each rank (profiling/events.py) and the reports show.
     all_to_all_*, ring_*, gather_*, cfg_*        seconds, bytes and calls (comm_stats.py)
     reserved_peak_bytes, allocated_peak_bytes    the torch allocator's peaks (GPU; None on CPU)
     rss_peak_bytes          the process's peak resident memory
+    weight_bytes            the model weights this rank holds (its shards, with fsdp)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class RankMeter:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.began = time.perf_counter()
+        self.weight_bytes = 0
 
     def finish(self) -> dict:
         summary = self.stats.summary()  # synchronizes the GPU first
@@ -40,7 +42,7 @@ class RankMeter:
                 else None,
                 "allocated_peak_bytes": torch.cuda.max_memory_allocated(self.device) if cuda
                 else None,
-                "rss_peak_bytes": peak_rss_bytes()}
+                "rss_peak_bytes": peak_rss_bytes(), "weight_bytes": self.weight_bytes}
 
 
 def peak_rss_bytes() -> int:

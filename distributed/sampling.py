@@ -17,12 +17,14 @@ from ..sampling.solvers import make_solver
 from .cfg_parallel import CfgPair, ParallelModel, topology
 from .contracts import ModelSpec, SampleRequest, SampleResult
 from .metrics import RankMeter, gather_metrics
+from .fsdp import sharded_bytes
 from .models import rank_models
 
 
 def sample(state, request: SampleRequest) -> SampleResult:
     meter = RankMeter(state.rank, state.device)
     models = rank_models(state, list(request.models))
+    meter.weight_bytes = sum(sharded_bytes(m) for m in models)
     topo = topology(state)
     device = state.device
     y = _on(request.y, device)

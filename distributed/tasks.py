@@ -11,6 +11,7 @@ import torch
 
 from .contracts import ForwardRequest, ForwardResult
 from .metrics import RankMeter, gather_metrics
+from .fsdp import sharded_bytes
 from .models import rank_models
 from .sequence_split import SequenceSplit
 
@@ -19,6 +20,7 @@ def forward(state, request: ForwardRequest) -> ForwardResult:
     """DiT forwards with the token sequence split over the group (golden checks, benchmarks)."""
     meter = RankMeter(state.rank, state.device)
     (model,) = rank_models(state, [request.model])
+    meter.weight_bytes = sharded_bytes(model)
     split = SequenceSplit(None, request.mode, meter.stats) if state.world > 1 else None
     outputs, seconds = [], []
     device = state.device

@@ -86,6 +86,25 @@ def test_gpus_give_the_one_process_latent(inputs, gpus, fsdp):
     assert [e["extra"]["step"] for e in steps][-3:] == [1, 2, 3]
 
 
+def test_fsdp_shards_quantized_weights(cpu_ranks):
+    """int8 block matrices beside float32 norms in one FSDP unit: the same latent, and each of
+    2 ranks holds about half the weights."""
+    (model,) = node("ModelLoader").load(DIT, "int8", "sdpa")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    positive, negative = node("TextEncode").encode(encoder, "a fox", "")
+    (latent,) = node("EmptyLatent").make(model, 48, 32, 5, 1)
+    inputs = (model, positive, negative, latent)
+    log = start_run()
+    reference = sample(inputs, steps=2)
+    whole_run = sample(inputs, steps=2, gpus=2)
+    sharded_run = sample(inputs, steps=2, gpus=2, fsdp=True)
+    assert _close(whole_run, reference) and _close(sharded_run, reference)
+    held = [e["extra"]["weight_bytes"] for e in log.events if e["stage"] == "ranks"]
+    whole = sum(t.numel() * t.element_size() for t in model.model.parameters())
+    assert held[:2] == [whole, whole]
+    assert all(0.45 * whole < h < 0.6 * whole for h in held[2:]) and len(held) == 4
+
+
 def test_a14b_experts_switch_under_fsdp(inputs):
     """The high-noise expert with guidance, the low-noise one without (its steps run one
     forward over all ranks), both sharded."""

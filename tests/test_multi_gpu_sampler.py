@@ -226,3 +226,21 @@ def test_a_run_that_cannot_fit_even_sharded_is_refused_with_the_estimate(inputs,
     assert "(weights " in message and "this machine has 1 MiB in all" in message
     assert message.endswith("use fewer processes or a smaller video")
     assert not started
+
+
+def test_report_shows_each_rank(inputs, tmp_path):
+    from wan_enhanced.profiling.report import build_report
+
+    log = start_run(tmp_path / "events.json")
+    sample(inputs, gpus=2)
+    sample(inputs, gpus=2, fsdp=True)
+    log.save()
+    text = build_report(log.path).read_text()
+    assert "## Several GPUs: per rank" in text
+    assert "Run 1 (2 ranks, CFG parallel):" in text
+    assert "Run 2 (2 ranks, fsdp, CFG parallel):" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 0 | cpu |")
+            or line.startswith("| 1 | cpu |")]
+    assert len(rows) == 4
+    cells = rows[1].split(" | ")
+    assert float(cells[2]) > 0 and cells[4] == "3"  # request seconds, forwards

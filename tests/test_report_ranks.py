@@ -1,6 +1,5 @@
 """The report's per-rank table, from a log with hand-made rank events."""
 
-from wan_enhanced.profiling.report_markdown import render
 from wan_enhanced.profiling.report_ranks import rank_runs, render_ranks
 
 

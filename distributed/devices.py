@@ -18,11 +18,10 @@ CPU_RANKS_MAX = 8
 
 
 def worker_device_type() -> str:
-    """"cuda", or "cpu" when the compute device is forced to the CPU or there is no GPU."""
-    forced = os.environ.get(FORCED_CPU, "")
-    if forced.startswith("cpu") or not torch.cuda.is_available():
-        return "cpu"
-    return "cuda"
+    """"cuda" when the models compute on a GPU (ComfyUI's device, or ours headless), else
+    "cpu"."""
+    from .. import host
+    return "cuda" if host.compute_device().type == "cuda" else "cpu"
 
 
 def available(device_type: str | None = None) -> tuple[int, str]:
@@ -34,6 +33,8 @@ def available(device_type: str | None = None) -> tuple[int, str]:
     if os.environ.get(FORCED_CPU, "").startswith("cpu"):
         return CPU_RANKS_MAX, f"room for {CPU_RANKS_MAX} CPU processes ({FORCED_CPU}=cpu: the " \
                               f"ranks are CPU processes)"
+    if torch.cuda.is_available():
+        return 0, "its models computing on the CPU (no GPU in use)"
     return 0, "no CUDA GPU"
 
 

@@ -201,6 +201,9 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
         from ..distributed.sampler import GroupRun
         group_run = GroupRun.checked(model, low_noise_model, clean.shape, settings)
     else:
+        if device.type == "cuda":  # a warm several-GPU group holds GPU memory: let it go
+            from ..distributed.group import shutdown_worker_group
+            shutdown_worker_group()
         from .memory_guard import check_sampling  # before the first latent-sized allocation
         check_sampling(model, clean.shape, device, settings.block_swap, settings.prefetch_blocks)
 

@@ -7,9 +7,9 @@ gives them a loopback rendezvous (a TCPStore listening on 127.0.0.1 only, on a f
 each run's task and inputs down every rank's pipe and waits for rank 0's result, relaying
 progress and watching for interrupts and failures meanwhile:
 
-- interrupt: the driver's `interrupt()` raising sets the group's stop flag; the ranks agree on it
-  at their next step (WorkerState.check_stop) and rank 0 answers "interrupted"; the driver then
-  re-raises the interrupt. Ranks that do not stop within `stop_grace_s` are shut down.
+- interrupt: when the driver's `interrupt()` raises, every rank is sent "stop"; the ranks agree
+  on it at their next step (WorkerState.check_stop) and rank 0 answers "interrupted"; the driver
+  then re-raises the interrupt. Ranks that do not stop within `stop_grace_s` are shut down.
 - failure: a rank that reports an error or dies ends the group (the others may wait in a
   collective forever); WorkerFailed names the rank, its device and why. The next run starts a
   fresh group.
@@ -25,6 +25,7 @@ import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import secrets
 import signal
 import socket
@@ -65,9 +66,9 @@ class WorkerGroup:
         self.start_timeout_s = start_timeout_s
         self.context = None
         self.conns: list = []
-        self.stop_event = None
         self.store = None
         self.info: list[dict] = []
+        self.renames: tuple = ()  # the ranks' package name -> ours (messages.py)
 
     def device_name(self, rank: int) -> str:
         return f"cuda:{rank}" if self.device_type == "cuda" else f"CPU process {rank}"
@@ -80,7 +81,6 @@ class WorkerGroup:
 
     def start(self) -> "WorkerGroup":
         ctx = multiprocessing.get_context("spawn")
-        self.stop_event = ctx.Event()
         pipes = [ctx.Pipe(duplex=True) for _ in range(self.world)]
         self.conns = [parent for parent, _ in pipes]
         port = self._open_store()
@@ -89,8 +89,7 @@ class WorkerGroup:
         with _spawnable() as boot:
             self.context = torch.multiprocessing.start_processes(
                 boot.main, args=(PACKAGE_NAME, str(PACKAGE_ROOT), self.world, self.device_type,
-                                 port, prefix, [child for _, child in pipes], self.stop_event,
-                                 threads),
+                                 port, prefix, [child for _, child in pipes], threads),
                 nprocs=self.world, join=False, daemon=True, start_method="spawn")
         for _, child in pipes:
             child.close()
@@ -130,6 +129,7 @@ class WorkerGroup:
                 if message[0] == "ready":
                     waiting.discard(rank)
                     self.info[rank] = message[2]
+                    self.renames = ((message[2]["package"], PACKAGE_NAME),)
                 else:
                     self._fail_on(rank, message)
 
@@ -145,7 +145,6 @@ class WorkerGroup:
         `timeout_s` (default: no limit) the group is shut down (WorkerFailed)."""
         if not self.alive:
             raise WorkerFailed(None, None, "it is not running")
-        self.stop_event.clear()
         try:
             for rank, conn in enumerate(self.conns):
                 try:
@@ -184,10 +183,15 @@ class WorkerGroup:
                     interrupt()
                 except BaseException as exc:  # noqa: BLE001 - the host's interrupt, re-raised
                     stop = exc
-                    self.stop_event.set()
+                    self._tell_every_rank(("stop",))
                     deadline = time.monotonic() + stop_grace_s
             if deadline is not None and time.monotonic() > deadline:
                 raise stop  # run() shuts the group down: some rank did not stop
+
+    def _tell_every_rank(self, message: tuple) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(Exception):
+                send(conn, message)
 
     def _messages(self):
         """(rank, message) for every message waiting, after at most POLL_S of waiting; a rank
@@ -199,7 +203,7 @@ class WorkerGroup:
             while conn in ready or _has_data(conn):
                 ready = [r for r in ready if r is not conn]
                 try:
-                    yield rank, receive(conn)
+                    yield rank, receive(conn, self.renames)
                 except (EOFError, OSError):
                     break
         for rank, process in enumerate(processes):
@@ -214,10 +218,26 @@ class WorkerGroup:
             reason = message[2]
         elif kind == "exited":
             reason = _exit_reason(message[1])
+            raised = self._raised_in(rank)
+            if raised:  # the rank raised outside its task loop (torch wrote the traceback)
+                last = raised.strip().splitlines()[-1]
+                reason = f"{last} ({reason})\n{raised}"
         else:
             reason = f"unexpected message {kind!r}"
         self.shutdown(FAILED_RANKS_GRACE_S)
         raise WorkerFailed(rank, self.device_name(rank), reason)
+
+    def _raised_in(self, rank: int) -> str | None:
+        """The traceback torch.multiprocessing saved for a rank whose function raised."""
+        files = getattr(self.context, "error_files", None) or []
+        path = files[rank] if rank < len(files) else None
+        if not path or not os.path.isfile(path) or os.path.getsize(path) == 0:
+            return None
+        try:
+            with open(path, "rb") as f:
+                return str(pickle.load(f))
+        except Exception:  # noqa: BLE001 - a damaged file: the exit code still says enough
+            return None
 
     # -- stopping ------------------------------------------------------------------------------
 

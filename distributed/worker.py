@@ -37,11 +37,14 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 class WorkerState:
     """What a task gets: this rank, its device, the link to the driver and the cache."""
 
-    def __init__(self, rank: int, world: int, device: torch.device, conn, stop_event, control):
+    def __init__(self, rank: int, world: int, device: torch.device, conn, control):
         self.rank, self.world, self.device = rank, world, device
-        self.conn, self.stop_event = conn, stop_event
+        self.conn = conn
         self.control = control  # a gloo group over every rank, for CPU-side agreement
         self.cache: dict = {}
+        self.renames: tuple = ()  # the driver's package name -> ours (messages.py)
+        self.stop_seen = False
+        self.shutdown_seen = False
 
     def progress(self, data) -> None:
         """Tell the driver (rank 0 only; the ranks run in step)."""
@@ -51,7 +54,11 @@ class WorkerState:
     def stop_requested(self) -> bool:
         """Whether the driver asked to stop, agreed by every rank (one tiny all-reduce over
         gloo), so that all of them stop at the same step and no collective is left waiting."""
-        flag = torch.tensor([1 if self.stop_event.is_set() else 0], dtype=torch.int32)
+        while not self.stop_seen and _has_data(self.conn):
+            kind = receive(self.conn, self.renames)[0]
+            self.stop_seen = kind in ("stop", "shutdown")
+            self.shutdown_seen = self.shutdown_seen or kind == "shutdown"
+        flag = torch.tensor([1 if self.stop_seen else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
         return bool(flag.item())
 
@@ -60,8 +67,11 @@ class WorkerState:
             raise WorkerInterrupted("interrupted")
 
 
+PACKAGE = __name__.rsplit(".", 2)[0]
+
+
 def serve(rank: int, world: int, device_type: str, store_port: int, prefix: str, conns: list,
-          stop_event, threads: int) -> None:
+          threads: int, driver_package: str = PACKAGE) -> None:
     conn = conns[rank]
     for other in conns:  # the other ranks' pipe ends: not ours to hold open
         if other is not conn:
@@ -81,9 +91,10 @@ def serve(rank: int, world: int, device_type: str, store_port: int, prefix: str,
     except Exception as exc:  # noqa: BLE001 - reported, then this rank exits
         send(conn, ("error", rank, f"could not join the process group: {exc}"))
         return
-    state = WorkerState(rank, world, device, conn, stop_event, control)
+    state = WorkerState(rank, world, device, conn, control)
+    state.renames = ((driver_package, PACKAGE),)
     send(conn, ("ready", rank, {"pid": os.getpid(), "device": str(device),
-                                "backend": str(dist.get_backend())}))
+                                "backend": str(dist.get_backend()), "package": PACKAGE}))
     try:
         _loop(state)
     finally:
@@ -111,13 +122,16 @@ def _join(rank, world, device, store_port, prefix):
 
 
 def _loop(state: WorkerState) -> None:
-    while True:
+    while not state.shutdown_seen:
         try:
-            message = receive(state.conn)
+            message = receive(state.conn, state.renames)
         except (EOFError, OSError):
             return  # the driver is gone
         if message[0] == "shutdown":
             return
+        if message[0] != "task":
+            continue  # a stop that came after this rank's task had ended
+        state.stop_seen = False
         _, task_ref, payload = message
         try:
             result = resolve_task(task_ref)(state, payload)
@@ -138,11 +152,17 @@ def resolve_task(ref: str):
     """"module:function"; a module starting with "." is inside this package."""
     module_name, _, function = ref.partition(":")
     if module_name.startswith("."):
-        package = __name__.rsplit(".", 2)[0]
-        module = importlib.import_module(module_name, package)
+        module = importlib.import_module(module_name, PACKAGE)
     else:
         module = importlib.import_module(module_name)
     return getattr(module, function)
+
+
+def _has_data(conn) -> bool:
+    try:
+        return conn.poll(0)
+    except (EOFError, OSError):
+        return False
 
 
 def _short_traceback() -> str:

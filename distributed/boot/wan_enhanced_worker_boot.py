@@ -40,4 +40,4 @@ def load_package(name: str, root: str):
 def main(rank: int, package_name: str, package_root: str, *args) -> None:
     package = load_package(package_name, package_root)
     worker = importlib.import_module(f"{package.__name__}.distributed.worker")
-    worker.serve(rank, *args)
+    worker.serve(rank, *args, driver_package=package_name)

@@ -30,12 +30,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peer_diffusers as peer  # noqa: E402  (same directory: cases, weights, timing)
+from wan_enhanced.bench import harness as peer
 
-from wan_enhanced.atomic_files import write_atomically  # noqa: E402
-from wan_enhanced.offload.block_swap import BlockSwap  # noqa: E402
-from wan_enhanced.wan.dit import WanDiT  # noqa: E402
+from wan_enhanced.atomic_files import write_atomically
+from wan_enhanced.offload.block_swap import BlockSwap
+from wan_enhanced.wan.dit import WanDiT
 
 GIB = peer.GIB
 CASES = ("dit_1_3b", "dit_14b", "dit_5b")
@@ -145,7 +144,7 @@ def row(case, video, mode, count, prefetch, run, resident, weights_on_device, eq
     absolute = None if run.peak_allocated is None else run.peak_allocated + run.allocated_before
     return {"case": case, "video": video, "mode": mode, "blocks_swapped": count,
             "prefetch": prefetch, "run": run.to_dict(),
-            "time_ratio": peer._ratio(run.median_ms, resident.median_ms),
+            "time_ratio": peer.ratio(run.median_ms, resident.median_ms),
             "peak_total_bytes": absolute, "weights_on_device_bytes": weights_on_device,
             "equal_to_resident": equal, "max_rel_diff_to_resident": diff,
             "block_copy_ms": None if copy is None else copy[0],
@@ -153,7 +152,7 @@ def row(case, video, mode, count, prefetch, run, resident, weights_on_device, eq
 
 
 def markdown(data: dict) -> str:
-    f = peer._fmt
+    f = peer.fmt
     lines = [f"# Block swap against the resident model", "",
              f"device: {data['device']}; torch {data['torch']}; date {data['date']}; "
              f"{data['dtype']}; median of {data['repeats']} timed forwards after a warm-up", "",

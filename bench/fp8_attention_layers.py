@@ -20,12 +20,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peer_diffusers as peer  # noqa: E402
+from wan_enhanced.bench import harness as peer
 
-from wan_enhanced.atomic_files import write_atomically  # noqa: E402
-from wan_enhanced.wan import attention, fp8_attention as fa  # noqa: E402
-from wan_enhanced.wan.dit import WanDiT  # noqa: E402
+from wan_enhanced.atomic_files import write_atomically
+from wan_enhanced.wan import attention, fp8_attention as fa
+from wan_enhanced.wan.dit import WanDiT
 
 CASES = ("dit_5b", "dit_1_3b", "dit_14b")
 

@@ -38,7 +38,6 @@ import argparse
 import functools
 import gc
 import json
-import math
 import platform
 import sys
 from collections import defaultdict
@@ -47,12 +46,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peer_diffusers as peer  # noqa: E402  (cases, random weights, timing)
+from wan_enhanced.bench import harness as peer
 
-from wan_enhanced.atomic_files import write_atomically  # noqa: E402
-from wan_enhanced.quant import quantize_block_linears  # noqa: E402
-from wan_enhanced.wan.dit import WanDiT, keeps_float32  # noqa: E402
+from wan_enhanced.atomic_files import write_atomically
+from wan_enhanced.quant import quantize_block_linears
+from wan_enhanced.wan.dit import WanDiT
 
 MODES = ("bf16_eager", "bf16_compiled", "fp8_compiled", "fp8_fp8attn_compiled")
 CASES = ("dit_5b", "dit_1_3b", "dit_14b")
@@ -155,14 +153,6 @@ def float32_reference(config, state, inputs, tf32: bool) -> torch.Tensor:
         peer.free_memory()
 
 
-def distance(out: torch.Tensor | None, ref: torch.Tensor) -> dict:
-    if out is None:
-        return {"max_rel": math.nan, "rel_l2": math.nan}
-    diff = out.double() - ref.double()
-    return {"max_rel": float(diff.abs().max() / ref.double().abs().max()),
-            "rel_l2": float(diff.norm() / ref.double().norm())}
-
-
 # -- profiling ---------------------------------------------------------------------------------
 
 KERNEL_KINDS = (("attention", ("fmha", "flash", "attention_kernel", "attn", "cudnn")),
@@ -230,7 +220,7 @@ def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
             def fn(model=model, attention=attention, compiled=compiled):
                 return model(noise, timestep, context, attention=attention, compiled=compiled)
             out, run = peer.timed(fn, args.repeats, device, cpu)
-            results[("ours", mode)] = (run, distance(out, reference))
+            results[("ours", mode)] = (run, peer.distance(out, reference))
             print(f"  ours {mode}: {run.median_ms} ms", flush=True)
             if args.profile and device.type == "cuda":
                 profiles.append(f"### ours {mode}\n" + kernel_table(fn, config.num_layers))
@@ -251,7 +241,7 @@ def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
             def fn(model=model):
                 return model(noise, timestep, context)
             out, run = peer.timed(fn, args.repeats, device, cpu)
-            results[("comfy", mode)] = (run, distance(out, reference))
+            results[("comfy", mode)] = (run, peer.distance(out, reference))
             print(f"  comfy {mode}: {run.median_ms} ms", flush=True)
             if args.profile and device.type == "cuda":
                 profiles.append(f"### ComfyUI {mode}\n" + kernel_table(fn, config.num_layers))
@@ -276,24 +266,19 @@ def rows_of(name, case, modes, results) -> list[dict]:
             "ours_ms": ours_ms, "comfy_ms": comfy_ms,
             "ratio": ours_ms / comfy_ms if ours_ms and comfy_ms else None,
             "ours_vs_fp32": ours_dist, "comfy_vs_fp32": theirs_dist,
-            "ours_peak_activation_gib": _gib(ours_run.peak_allocated),
-            "comfy_peak_activation_gib": _gib(theirs_run.peak_allocated) if theirs_run else None,
+            "ours_peak_activation_gib": peer.gib(ours_run.peak_allocated),
+            "comfy_peak_activation_gib": (peer.gib(theirs_run.peak_allocated) if theirs_run
+                                          else None),
             "ours_error": ours_run.error, "comfy_error": theirs_run.error if theirs_run else None})
     return rows
 
 
-def _gib(value):
-    return None if value is None else value / peer.GIB
-
-
 # -- output ------------------------------------------------------------------------------------
 
-def _f(value, fmt):
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) \
-        else format(value, fmt)
-
-
 def markdown(data: dict) -> str:
+    def f(value, spec):
+        return peer.fmt(value, spec, missing="—")
+
     lines = [f"Device: {data['meta']['device']}, torch {data['meta']['torch']}, ComfyUI "
              f"{data['meta']['comfyui']}; one DiT forward, median of {data['meta']['repeats']}.",
              "", "| case | mode | ours ms | ComfyUI ms | ours / ComfyUI | ours vs fp32 (max rel / "
@@ -304,12 +289,12 @@ def markdown(data: dict) -> str:
         mode = r["mode"] + (f" (vs ComfyUI {r['comfy_mode']})" if r["comfy_mode"] != r["mode"]
                             else "")
         lines.append(
-            f"| {r['case']} {r['video']} | {mode} | {_f(r['ours_ms'], '.0f')} | "
-            f"{_f(r['comfy_ms'], '.0f')} | **{_f(r['ratio'], '.3f')}** | "
-            f"{_f(o['max_rel'], '.4f')} / {_f(o['rel_l2'], '.4f')} | "
-            f"{_f(c.get('max_rel'), '.4f')} / {_f(c.get('rel_l2'), '.4f')} | "
-            f"{_f(r['ours_peak_activation_gib'], '.2f')} / "
-            f"{_f(r['comfy_peak_activation_gib'], '.2f')} |")
+            f"| {r['case']} {r['video']} | {mode} | {f(r['ours_ms'], '.0f')} | "
+            f"{f(r['comfy_ms'], '.0f')} | **{f(r['ratio'], '.3f')}** | "
+            f"{f(o['max_rel'], '.4f')} / {f(o['rel_l2'], '.4f')} | "
+            f"{f(c.get('max_rel'), '.4f')} / {f(c.get('rel_l2'), '.4f')} | "
+            f"{f(r['ours_peak_activation_gib'], '.2f')} / "
+            f"{f(r['comfy_peak_activation_gib'], '.2f')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -45,122 +45,36 @@ can be split over several calls (each command is recorded).
 from __future__ import annotations
 
 import argparse
-import gc
 import inspect
 import json
-import math
 import platform
-import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from wan_enhanced.atomic_files import write_atomically
-from wan_enhanced.checkpoints.tiny import (TINY_VAE, _diffusers_config_json,
+from wan_enhanced.bench.harness import (CASES, GIB, QUICK_DIT, QUICK_LATENT, TIMESTEP,  # noqa: F401
+                                        DiTCase, Run, VAECase, device_bytes, difference,
+                                        dit_config, fmt, free_memory, ours_dit, random_state,
+                                        ratio, run_dtype, timed, vae_config)
+from wan_enhanced.checkpoints.tiny import (_diffusers_config_json,
                                            dit_ours_to_diffusers, vae_ours_to_diffusers)
 from wan_enhanced.vae_tiling.budget import estimate_decode_bytes, plan_budget_tiles
 from wan_enhanced.vae_tiling.decode import decode_to_images
-from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig
-from wan_enhanced.wan.dit import WanDiT, keeps_float32
+from wan_enhanced.wan.configs import DiTConfig
+from wan_enhanced.wan.dit import WanDiT
 from wan_enhanced.wan.latent_format import WAN21_LATENT, WAN22_LATENT
 from wan_enhanced.wan.vae21 import WanVAE21
 from wan_enhanced.wan.vae22 import WanVAE22
 
-GIB = 2 ** 30
-TIMESTEP = 500.0
-
-
-# -- cases -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DiTCase:
-    model: str  # a KNOWN_DITS name
-    video: str  # W x H x frames
-    latent: tuple[int, int, int, int, int]
-    per_token_timestep: bool  # Wan2.2 TI2V: diffusers takes one timestep per token
-
-
-@dataclass(frozen=True)
-class VAECase:
-    kind: str  # vae21 / vae22
-    video: str
-    latent: tuple[int, int, int, int, int]
-
-
-CASES: dict[str, DiTCase | VAECase] = {
-    "dit_5b": DiTCase("wan2.2-ti2v-5b", "1280x704x121", (1, 48, 31, 44, 80), True),
-    "dit_1_3b": DiTCase("wan2.1-t2v-1.3b", "832x480x81", (1, 16, 21, 60, 104), False),
-    "dit_14b": DiTCase("wan2.1-t2v-14b", "1280x720x81", (1, 16, 21, 90, 160), False),
-    "vae21_decode": VAECase("vae21", "1280x720x81", (1, 16, 21, 90, 160)),
-    "vae22_decode": VAECase("vae22", "1280x704x121", (1, 48, 31, 44, 80)),
-}
-
-# --quick: tiny models and latents (tiled decodes still get several tiles on both sides)
-QUICK_DIT = dict(dim=256, ffn_dim=512, num_heads=2, num_layers=2)
-QUICK_LATENT = {"dit_5b": (1, 48, 3, 8, 12), "dit_1_3b": (1, 16, 3, 8, 12),
-                "dit_14b": (1, 16, 3, 8, 12), "vae21_decode": (1, 16, 2, 36, 20),
-                "vae22_decode": (1, 48, 2, 18, 10)}
-
-
-def dit_config(case: DiTCase, quick: bool) -> DiTConfig:
-    config = KNOWN_DITS[case.model].config
-    return replace(config, name=f"quick-{config.name}", **QUICK_DIT) if quick else config
-
-
-def vae_config(case: VAECase, quick: bool) -> dict:
-    return dict(TINY_VAE[case.kind]) if quick else {}
-
-
-def run_dtype(device: torch.device) -> torch.dtype:
-    """bf16, what the comparison is about; float32 on the CPU, where bf16 convolutions crawl."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 # -- weights, and the mapping onto diffusers' modules (the one place it lives) -----------------
 
 VAE_CLASSES = {"vae21": WanVAE21, "vae22": WanVAE22}
-
-
-def random_state(module: torch.nn.Module, seed: int, device: torch.device,
-                 dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Seeded random weights for `module` (built on the meta device), drawn and kept on `device`.
-
-    The value rules of checkpoints/tiny.randomize, which returns CPU tensors: at 14B that is a
-    28.6 GB copy to the host and another one back to the device for every model loaded, and as
-    much host memory. Drawn here on the device, one tensor set serves both models of a case.
-    """
-    gen = torch.Generator(device=device).manual_seed(seed)
-    state = {}
-    for name, tensor in module.state_dict().items():
-        shape = tuple(tensor.shape)
-        noise = torch.randn(shape, generator=gen, device=device)
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf == "gamma" or (leaf == "weight" and len(shape) == 1):
-            noise.mul_(0.1).add_(1.0)  # norm gains
-        elif leaf == "bias":
-            noise.mul_(0.02)
-        elif name.endswith("modulation"):
-            noise.div_(shape[-1] ** 0.5)
-        else:
-            noise.div_(max(1, math.prod(shape[1:])) ** 0.5 if len(shape) > 1 else 1)
-        state[name] = noise.to(dtype)
-        del noise
-    return state
-
-
-def ours_dit(config: DiTConfig, state: dict[str, torch.Tensor],
-             compute_dtype: torch.dtype) -> WanDiT:
-    """Our DiT on the tensors of `state`; norms and modulation in float32, as our loader does."""
-    with torch.device("meta"):
-        model = WanDiT(config, compute_dtype)
-    model.load_state_dict({k: v.float() if keeps_float32(k) else v for k, v in state.items()},
-                          strict=True, assign=True)
-    return model.eval().requires_grad_(False)
 
 
 def diffusers_dit_kwargs(config: DiTConfig) -> dict:
@@ -237,92 +151,6 @@ def images_from_video(video: torch.Tensor) -> torch.Tensor:
     in 0..1, float32 on the CPU."""
     images = video.float().cpu().add_(1.0).mul_(0.5).permute(0, 2, 3, 4, 1)
     return images.reshape(-1, *images.shape[2:])
-
-
-# -- timing ------------------------------------------------------------------------------------
-
-@dataclass
-class Run:
-    """One model's timed runs: times in ms, peaks and the memory before them in bytes."""
-    times_ms: list[float]
-    peak_allocated: int | None
-    peak_reserved: int | None
-    allocated_before: int | None
-    error: str | None = None
-
-    @property
-    def median_ms(self) -> float | None:
-        return statistics.median(self.times_ms) if self.times_ms else None
-
-    def to_dict(self) -> dict:
-        return {"median_ms": self.median_ms, "times_ms": self.times_ms,
-                "peak_allocated_bytes": self.peak_allocated,
-                "peak_reserved_bytes": self.peak_reserved,
-                "allocated_before_bytes": self.allocated_before, "error": self.error}
-
-
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def timed(fn: Callable[[], torch.Tensor], repeats: int, device: torch.device,
-          to_cpu: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor | None, Run]:
-    """Warm up once, then time `repeats` calls. Returns the last output moved to the CPU by
-    `to_cpu` (outside the timing) and the measurements; an out-of-memory error is recorded."""
-    cuda = device.type == "cuda"
-    out = None
-    try:
-        with torch.inference_mode():
-            fn()
-            if cuda:
-                torch.cuda.synchronize()
-            gc.collect()
-            before = torch.cuda.memory_allocated() if cuda else None
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            times = []
-            for _ in range(repeats):
-                out = None  # the previous output is not part of the next call's peak
-                if cuda:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                        enable_timing=True)
-                    start.record()
-                    out = fn()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end))
-                else:
-                    t0 = time.perf_counter()
-                    out = fn()
-                    times.append((time.perf_counter() - t0) * 1000)
-            run = Run(times, torch.cuda.max_memory_allocated() - before if cuda else None,
-                      torch.cuda.max_memory_reserved() - before if cuda else None, before)
-            return to_cpu(out), run
-    except RuntimeError as error:  # out of memory, or a backend refusing the shapes: recorded
-        out = None
-        kind = "out of memory" if isinstance(error, torch.OutOfMemoryError) else "error"
-        print(f"  {kind}: {str(error)[:300]}", flush=True)
-        return None, Run([], None, None, None, error=f"{kind}: {str(error)[:200]}")
-    finally:
-        out = None
-        free_memory()
-
-
-def device_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's parameters and buffers (what it holds on the device)."""
-    tensors = {t.data_ptr(): t.nbytes for t in [*model.parameters(), *model.buffers()]}
-    return sum(tensors.values())
-
-
-def difference(ours: torch.Tensor | None, theirs: torch.Tensor | None) -> tuple[float, float]:
-    """(max |ours - theirs|, that / max |theirs|), in float64 on the CPU."""
-    if ours is None or theirs is None:
-        return math.nan, math.nan
-    diff = float((ours.double() - theirs.double()).abs().max())
-    scale = float(theirs.double().abs().max())
-    return diff, diff / scale if scale > 0 else math.inf
 
 
 # -- the case families -------------------------------------------------------------------------
@@ -451,7 +279,7 @@ def run_vae(name: str, case: VAECase, args, device: torch.device) -> list[dict]:
         row = result_row(name, case.video, latent_shape, f"ours {mode}", f"diffusers {their_mode}",
                          runs[mode], their_runs[their_mode], weights,
                          difference(outputs[mode], theirs["untiled"]))
-        row["time_vs_diffusers_untiled"] = _ratio(runs[mode].median_ms,
+        row["time_vs_diffusers_untiled"] = ratio(runs[mode].median_ms,
                                                   their_runs["untiled"].median_ms)
         if "budget_bytes" in tiling:  # the planned grid and the estimate it was planned with
             grid = plan_budget_tiles(skeleton, latent_shape, tiling["budget_bytes"], dtype)
@@ -468,24 +296,14 @@ def run_vae(name: str, case: VAECase, args, device: torch.device) -> list[dict]:
 
 # -- results -----------------------------------------------------------------------------------
 
-def _ratio(a, b):
-    return a / b if a is not None and b else None
-
-
 def result_row(case: str, video: str, latent, ours_label: str, theirs_label: str, ours: Run,
                theirs: Run, weights: dict, diff: tuple[float, float]) -> dict:
     return {"case": case, "video": video, "latent": list(latent), "ours": ours_label,
             "diffusers": theirs_label, "ours_run": ours.to_dict(), "diffusers_run": theirs.to_dict(),
-            "time_ratio": _ratio(ours.median_ms, theirs.median_ms),
-            "peak_ratio": _ratio(ours.peak_allocated, theirs.peak_allocated),
+            "time_ratio": ratio(ours.median_ms, theirs.median_ms),
+            "peak_ratio": ratio(ours.peak_allocated, theirs.peak_allocated),
             "weights_bytes": weights, "max_abs_diff": diff[0], "max_rel_diff": diff[1],
             "repeats": len(ours.times_ms)}
-
-
-def _fmt(value, spec: str, scale: float = 1.0) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value / scale, spec)
 
 
 def markdown(data: dict) -> str:
@@ -504,14 +322,14 @@ def markdown(data: dict) -> str:
     for r in data["rows"]:
         o, t = r["ours_run"], r["diffusers_run"]
         shape = f"{r['video']} {'x'.join(map(str, r['latent'][1:]))}"
-        ours_ms = o["error"] or _fmt(o["median_ms"], ".0f")
-        their_ms = t["error"] or _fmt(t["median_ms"], ".0f")
+        ours_ms = o["error"] or fmt(o["median_ms"], ".0f")
+        their_ms = t["error"] or fmt(t["median_ms"], ".0f")
         lines.append(
             f"| {r['case']} | {shape} | {r['ours']} | {r['diffusers']} | {r['repeats']} | "
             f"{ours_ms} | {their_ms} | "
-            f"{_fmt(r['time_ratio'], '.2f')} | {_fmt(o['peak_allocated_bytes'], '.2f', GIB)} | "
-            f"{_fmt(t['peak_allocated_bytes'], '.2f', GIB)} | {_fmt(r['peak_ratio'], '.2f')} | "
-            f"{_fmt(r['max_abs_diff'], '.3e')} | {_fmt(r['max_rel_diff'], '.3e')} |")
+            f"{fmt(r['time_ratio'], '.2f')} | {fmt(o['peak_allocated_bytes'], '.2f', GIB)} | "
+            f"{fmt(t['peak_allocated_bytes'], '.2f', GIB)} | {fmt(r['peak_ratio'], '.2f')} | "
+            f"{fmt(r['max_abs_diff'], '.3e')} | {fmt(r['max_rel_diff'], '.3e')} |")
     with_reference = [r for r in data["rows"] if "ours_vs_float32_rel" in r]
     if with_reference:
         lines += ["", "Distance of each bf16 output from the float32 computation of the same "
@@ -520,8 +338,8 @@ def markdown(data: dict) -> str:
                   "|---|---|---|---|---|"]
         for r in with_reference:
             lines.append(f"| {r['case']} | {r['ours']} | {r['diffusers']} | "
-                         f"{_fmt(r['ours_vs_float32_rel'], '.3e')} | "
-                         f"{_fmt(r['diffusers_vs_float32_rel'], '.3e')} |")
+                         f"{fmt(r['ours_vs_float32_rel'], '.3e')} | "
+                         f"{fmt(r['diffusers_vs_float32_rel'], '.3e')} |")
     vae_rows = [r for r in data["rows"] if "time_vs_diffusers_untiled" in r]
     if vae_rows:
         lines += ["", "VAE rows against diffusers' untiled decode (the design target's yardstick), "
@@ -532,18 +350,18 @@ def markdown(data: dict) -> str:
         for r in vae_rows:
             grid = r.get("grid")
             grid_text = f"{grid[0]}x{grid[1]} of {grid[2]}x{grid[3]}" if grid else ""
-            lines.append(f"| {r['case']} | {r['ours']} | {_fmt(r['ours_run']['median_ms'], '.0f')} "
-                         f"| {_fmt(r['time_vs_diffusers_untiled'], '.2f')} "
-                         f"| {_fmt(r['ours_run']['peak_allocated_bytes'], '.2f', GIB)} "
-                         f"| {grid_text} | {_fmt(r.get('estimated_peak_bytes'), '.2f', GIB)} |")
+            lines.append(f"| {r['case']} | {r['ours']} | {fmt(r['ours_run']['median_ms'], '.0f')} "
+                         f"| {fmt(r['time_vs_diffusers_untiled'], '.2f')} "
+                         f"| {fmt(r['ours_run']['peak_allocated_bytes'], '.2f', GIB)} "
+                         f"| {grid_text} | {fmt(r.get('estimated_peak_bytes'), '.2f', GIB)} |")
     lines += ["", "| case | ours weights GiB | diffusers weights GiB | ours peak reserved GiB "
               "| their peak reserved GiB |", "|---|---|---|---|---|"]
     for r in data["rows"]:
         lines.append(f"| {r['case']} ({r['ours']} / {r['diffusers']}) | "
-                     f"{_fmt(r['weights_bytes']['ours'], '.2f', GIB)} | "
-                     f"{_fmt(r['weights_bytes']['diffusers'], '.2f', GIB)} | "
-                     f"{_fmt(r['ours_run']['peak_reserved_bytes'], '.2f', GIB)} | "
-                     f"{_fmt(r['diffusers_run']['peak_reserved_bytes'], '.2f', GIB)} |")
+                     f"{fmt(r['weights_bytes']['ours'], '.2f', GIB)} | "
+                     f"{fmt(r['weights_bytes']['diffusers'], '.2f', GIB)} | "
+                     f"{fmt(r['ours_run']['peak_reserved_bytes'], '.2f', GIB)} | "
+                     f"{fmt(r['diffusers_run']['peak_reserved_bytes'], '.2f', GIB)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -12,15 +12,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peer_diffusers as peer  # noqa: E402
+from wan_enhanced.bench import peer_diffusers as peer
 
-from wan_enhanced.wan.dit import WanBlock, WanDiT  # noqa: E402
+from wan_enhanced.wan.dit import WanBlock, WanDiT
 
 
 def median_ms(fn, repeats: int = 3) -> float:

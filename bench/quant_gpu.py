@@ -40,13 +40,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peer_diffusers as peer  # noqa: E402  (same directory: cases, weights, timing)
+from wan_enhanced.bench import harness as peer
 
-from wan_enhanced.atomic_files import write_atomically  # noqa: E402
-from wan_enhanced.quant import SCHEMES, quantize_block_linears  # noqa: E402
-from wan_enhanced.quant.kernels import fp8_matmul_unavailable  # noqa: E402
-from wan_enhanced.wan.dit import WanDiT  # noqa: E402
+from wan_enhanced.atomic_files import write_atomically
+from wan_enhanced.quant import SCHEMES, quantize_block_linears
+from wan_enhanced.quant.kernels import fp8_matmul_unavailable
+from wan_enhanced.wan.dit import WanDiT
 
 GIB = peer.GIB
 CASES = ("dit_1_3b", "dit_5b")
@@ -101,7 +100,7 @@ def run_case(name: str, args, device: torch.device) -> list[dict]:
             rows.append({
                 "case": name, "video": case.video, "latent": list(latent), "weights": weights,
                 "mode": mode, "run": run.to_dict(),
-                "time_ratio": None if base_run is None else peer._ratio(run.median_ms,
+                "time_ratio": None if base_run is None else peer.ratio(run.median_ms,
                                                                         base_run.median_ms),
                 "peak_activation_bytes": run.peak_allocated, "weight_bytes": weight_bytes,
                 "max_rel_diff_to_bf16": diff, "warnings": notes})
@@ -115,7 +114,7 @@ def run_case(name: str, args, device: torch.device) -> list[dict]:
 
 
 def markdown(data: dict) -> str:
-    f = peer._fmt
+    f = peer.fmt
     lines = ["# Quantized DiT forward against bf16", "",
              f"device: {data['device']}; torch {data['torch']}; date {data['date']}; "
              f"fp8 matmul: {data['fp8_matmul'] or 'available'}; median of {data['repeats']} "

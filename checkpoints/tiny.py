@@ -38,9 +38,11 @@ TINY_T5 = {"vocab_size": 256, "dim": 64, "dim_attn": 64, "dim_ffn": 128, "num_he
 # -- random weights ----------------------------------------------------------------------------
 
 def randomize(module: torch.nn.Module, seed: int, device: str | torch.device = "cpu",
-              dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """A seeded random CPU state dict of `dtype` for `module` (built on any device, e.g. meta).
-    The values are drawn on `device`: a GPU makes real-size models in seconds."""
+              dtype: torch.dtype = torch.float32,
+              keep_on_device: bool = False) -> dict[str, torch.Tensor]:
+    """A seeded random state dict of `dtype` for `module` (built on any device, e.g. meta).
+    The values are drawn on `device` (a GPU makes real-size models in seconds) and returned on
+    the CPU, or left on `device` with keep_on_device."""
     gen = torch.Generator(device=device).manual_seed(seed)
     state = {}
     for name, tensor in module.state_dict().items():
@@ -58,7 +60,8 @@ def randomize(module: torch.nn.Module, seed: int, device: str | torch.device = "
         else:
             fan_in = max(1, math.prod(shape[1:])) if len(shape) > 1 else 1
             value = noise / fan_in ** 0.5
-        state[name] = value.to(dtype).cpu().contiguous()
+        value = value.to(dtype)
+        state[name] = value if keep_on_device else value.cpu().contiguous()
         del noise, value
     return state
 

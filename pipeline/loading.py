@@ -67,7 +67,7 @@ def _check_attention(attention: str) -> None:
 def _check_fast_fp8(weight_dtype: str) -> None:
     """Say at load time when the fp8 matmul will not be there: under torch.compile the layers
     cannot warn themselves."""
-    if SCHEMES[weight_dtype].options.get("fast"):
+    if SCHEMES[weight_dtype].options.get("fast"):  # fp8 matmuls: say now if they cannot run
         reason = fp8_matmul_unavailable(host.compute_device())
         if reason is not None:
             warn_once(fast_fallback_message(reason, COMPUTE_DTYPE))

@@ -9,23 +9,36 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from typing import Callable
+
 from ..wan.dit import is_block_linear
 from .linear import QuantizedLinear
-from .schemes import COMPUTE_DTYPE, QuantScheme, scheme as scheme_named
+from .schemes import COMPUTE_DTYPE, QuantConfig, scheme as scheme_named
 
 
-def block_linear_names(model: nn.Module) -> list[str]:
-    """Qualified names of the nn.Linear block matrices (e.g. 'blocks.0.ffn.2')."""
-    return [name for name, module in model.named_modules()
-            if isinstance(module, nn.Linear) and is_block_linear(f"{name}.weight")]
+def is_block_matrix(module: nn.Module, name: str) -> bool:
+    """The default filter: an nn.Linear that is one of the blocks' large matrices."""
+    return isinstance(module, nn.Linear) and is_block_linear(f"{name}.weight")
 
 
-def quantize_block_linears(model: nn.Module, scheme: QuantScheme | str) -> nn.Module:
-    """Replace the block matrices of `model` (a WanDiT) by quantized layers, in place; its
-    compute dtype becomes bf16. The weights are quantized from the layers' own values; on the
-    meta device this only builds empty quantized layers, ready for a checkpoint's tensors."""
-    chosen = scheme_named(scheme) if isinstance(scheme, str) else scheme
-    for name in block_linear_names(model):
+def block_linear_names(model: nn.Module,
+                       filter_fn: Callable[[nn.Module, str], bool] = is_block_matrix
+                       ) -> list[str]:
+    """Qualified names of the layers `filter_fn` picks (by default the block matrices, e.g.
+    'blocks.0.ffn.2')."""
+    return [name for name, module in model.named_modules() if filter_fn(module, name)]
+
+
+def quantize_block_linears(model: nn.Module, config: QuantConfig | str,
+                           filter_fn: Callable[[nn.Module, str], bool] = is_block_matrix
+                           ) -> nn.Module:
+    """Replace the layers of `model` (a WanDiT) that `filter_fn(module, qualified_name)` picks
+    (the block matrices by default) by quantized layers of `config` (or its weight_dtype name),
+    in place; its compute dtype becomes bf16. The weights are quantized from the layers' own
+    values; on the meta device this only builds empty quantized layers, ready for a
+    checkpoint's tensors."""
+    chosen = scheme_named(config) if isinstance(config, str) else config
+    for name in block_linear_names(model, filter_fn):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         setattr(parent, child, chosen.quantize(getattr(parent, child)))

@@ -57,23 +57,23 @@ def fp8_shape_unsupported(in_features: int, out_features: int) -> str | None:
     return None
 
 
-def fp8_scaled_matmul(x: torch.Tensor, weight: torch.Tensor,
-                      weight_scale: torch.Tensor) -> torch.Tensor:
+def fp8_scaled_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                      fast_accum: bool = True) -> torch.Tensor:
     """x [M, K] (bf16) times the fp8 weight [N, K] with scales [N]: bf16 [M, N]. The activations
     are quantized to fp8 per token on the fly."""
     codes, scales = quantize_rows(x, FP8)
-    return fp8_codes_matmul(codes, scales, weight, weight_scale)
+    return fp8_codes_matmul(codes, scales, weight, weight_scale, fast_accum)
 
 
 def fp8_codes_matmul(codes: torch.Tensor, scales: torch.Tensor, weight: torch.Tensor,
-                     weight_scale: torch.Tensor) -> torch.Tensor:
+                     weight_scale: torch.Tensor, fast_accum: bool = True) -> torch.Tensor:
     """Activation codes [M, K] (fp8, scales [M, 1]) times the fp8 weight [N, K]: bf16 [M, N]."""
     # weight.t() is the column-major [K, N] operand the kernel wants: a view, nothing copied.
     # Fast accumulation: the tensor cores' own accumulator over the K loop, as cuBLAS offers it
     # for fp8 (bench/results: about 15% less time at Wan's widths, the same distance to float32).
     return torch._scaled_mm(codes, weight.t(), scale_a=scales,
                             scale_b=weight_scale.view(1, -1), out_dtype=torch.bfloat16,
-                            use_fast_accum=True)
+                            use_fast_accum=fast_accum)
 
 
 # torch._int_mm's limits on CUDA (cuBLAS int8 GEMM)

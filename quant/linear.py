@@ -107,9 +107,11 @@ class Fp8Linear(QuantizedLinear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  compute_dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None, fast: bool = False):
+                 device: torch.device | str | None = None, fast: bool = False,
+                 fast_accum: bool = True):
         super().__init__(in_features, out_features, bias, compute_dtype, device)
         self.fast = fast
+        self.fast_accum = fast_accum  # the tensor cores' own accumulator over K (see kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fast:
@@ -124,7 +126,7 @@ class Fp8Linear(QuantizedLinear):
         """The fp8 matmul itself (no device check: callers make sure the kernel exists)."""
         lead = x.shape[:-1]
         out = fp8_scaled_matmul(x.reshape(-1, self.in_features), self.weight,
-                                self.weight_scale)
+                                self.weight_scale, self.fast_accum)
         return self._finish(out, x.dtype, lead)
 
     def runs_fp8_matmul(self, device: torch.device) -> bool:
@@ -134,7 +136,7 @@ class Fp8Linear(QuantizedLinear):
     def scaled_forward_without_bias(self, x: torch.Tensor) -> torch.Tensor:
         """The fp8 matmul without the bias (which the next step adds: gelu_forward)."""
         out = fp8_scaled_matmul(x.reshape(-1, self.in_features), self.weight,
-                                self.weight_scale)
+                                self.weight_scale, self.fast_accum)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def gelu_forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -144,7 +146,8 @@ class Fp8Linear(QuantizedLinear):
         if self.runs_fp8_matmul(x.device):
             lead = x.shape[:-1]
             codes, scales = gelu_quantize(x.reshape(-1, self.in_features), bias)
-            out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale)
+            out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale,
+                                   self.fast_accum)
             return self._finish(out, x.dtype, lead)
         if bias is not None:
             x = x + bias.to(x.dtype)
@@ -156,7 +159,7 @@ class Fp8Linear(QuantizedLinear):
         return out.to(dtype).view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", fast={self.fast}"
+        return super().extra_repr() + f", fast={self.fast}, fast_accum={self.fast_accum}"
 
 
 class Int8Linear(QuantizedLinear):

@@ -20,8 +20,10 @@ from pathlib import Path
 import torch
 
 from .. import host
-from ..profiling.events import current_log, start_run
-from .bench_models import MODEL_SETS, ensure_model_set
+from ..bench.harness import device_name, gib
+from ..profiling.events import start_run
+from ..profiling.report_data import step_number
+from .bench_models import ensure_model_set
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
 GIB = 2 ** 30
@@ -175,14 +177,14 @@ def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
         "mean_sm_activity": activity["summary"].get("mean_sm_activity"),
         "compute_load_gpu_s": activity["summary"].get("compute_load"),
         "events": str(log_path),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "device": device_name(),
     }
 
 
 def seconds_per_step(events: list[dict]) -> float | None:
     """Mean interval between consecutive sampling-step events (the first step, which includes
     placing the model, is measured from the sampler's start event only when it is the only one)."""
-    steps = [e["time"] for e in events if e["stage"] == "sample" and e["label"].startswith("step ")]
+    steps = [e["time"] for e in events if step_number(e) is not None]
     if len(steps) >= 2:
         return round((steps[-1] - steps[0]) / (len(steps) - 1), 3)
     starts = [e["time"] for e in events if e["label"] == "sampling starts"]
@@ -221,7 +223,7 @@ def add_speedup(row: dict, earlier: list[dict]) -> None:
 
 
 def _gib(value) -> float | None:
-    return None if value is None else round(value / GIB, 2)
+    return None if value is None else round(gib(value), 2)
 
 
 COLUMNS = ("case", "resolution", "frames", "steps", "offload", "total_seconds",

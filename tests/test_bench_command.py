@@ -9,7 +9,8 @@ from wan_enhanced.runner.cli import main
 
 def test_seconds_per_step_from_events():
     events = [{"stage": "sample", "label": "sampling starts", "time": 10.0}] + [
-        {"stage": "sample", "label": f"step {i}/4", "time": 12.0 + 1.5 * i} for i in range(1, 5)]
+        {"stage": "sample", "label": f"step {i}/4", "time": 12.0 + 1.5 * i, "extra": {"step": i}}
+        for i in range(1, 5)]
     assert seconds_per_step(events) == 1.5
     assert seconds_per_step(events[:2]) == 3.5  # one step: measured from the sampler's start
     assert seconds_per_step([]) is None

@@ -160,11 +160,8 @@ def test_gpu_swapped_forward_equals_resident(slots):
 def test_benchmark_script_runs_and_checks_equality(tmp_path):
     """bench/block_swap_gpu.py --quick on the CPU: every swapped row equals the resident one."""
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import block_swap_gpu
+    from wan_enhanced.bench import block_swap_gpu
 
     code = block_swap_gpu.main(["--out", str(tmp_path), "--quick", "--repeats", "1",
                                 "--case", "dit_1_3b", "--mode", "eager"])

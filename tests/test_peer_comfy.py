@@ -2,20 +2,14 @@
 refused before any timing, with what was expected; the table and the row bookkeeping."""
 
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 @pytest.fixture(scope="module")
 def peer_comfy():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import peer_comfy
-    finally:
-        sys.path.pop(0)
+    from wan_enhanced.bench import peer_comfy
     return peer_comfy
 
 

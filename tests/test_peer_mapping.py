@@ -6,10 +6,6 @@ if both run the same network; here both run in float32 on the CPU and must agree
 rounding. Skipped where diffusers is not installed (it is not a dependency of the package).
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -19,20 +15,13 @@ from wan_enhanced.checkpoints.tiny import TINY_DIT, TINY_VAE  # noqa: E402
 from wan_enhanced.vae_tiling.decode import decode_to_images  # noqa: E402
 from wan_enhanced.wan.dit import WanDiT  # noqa: E402
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "peer_diffusers.py"
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def peer():
-    spec = importlib.util.spec_from_file_location("peer_diffusers", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+    from wan_enhanced.bench import peer_diffusers
+    return peer_diffusers
 
 
 def relative_difference(ours: torch.Tensor, theirs: torch.Tensor) -> float:

@@ -587,11 +587,7 @@ def test_layer_refuses_tensors_of_another_format():
 # -- the GPU benchmark's CPU smoke test ----------------------------------------------------
 
 def test_gpu_benchmark_quick_runs_on_the_cpu(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    try:
-        import quant_gpu
-    finally:
-        sys.path.pop(0)
+    from wan_enhanced.bench import quant_gpu
     code = quant_gpu.main(["--out", str(tmp_path), "--quick", "--repeats", "1",
                            "--case", "dit_1_3b", "--mode", "eager"])
     data = json.loads((tmp_path / "quant_gpu.json").read_text())
@@ -636,3 +632,35 @@ def test_gpu_kernels_equal_their_references():
     assert ((out.double() - ref).abs() <= 2 * BF16_ULP * ref.abs() + 1e-3).all()
     assert relative(compiled, out) < 2 * BF16_ULP
     torch._dynamo.reset()
+
+
+# -- typed configurations --------------------------------------------------------------------
+
+def test_typed_configurations_are_the_weight_dtype_choices():
+    from wan_enhanced.quant import (Float8DynamicActivationFloat8WeightConfig,
+                                    Float8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+                                    Int8WeightOnlyConfig)
+    configs = [Float8WeightOnlyConfig(), Float8DynamicActivationFloat8WeightConfig(),
+               Int8WeightOnlyConfig(), Int8DynamicActivationInt8WeightConfig()]
+    assert {c.name: c for c in configs} == SCHEMES
+    assert [c.low_precision_matmul for c in configs] == [False, True, False, True]
+    slow = Float8DynamicActivationFloat8WeightConfig(fast_accum=False)
+    layer = slow.quantize(torch.nn.Linear(32, 16))
+    assert isinstance(layer, Fp8Linear) and layer.fast and not layer.fast_accum
+    assert SCHEMES["fp8_e4m3fn_fast"].quantize(torch.nn.Linear(32, 16)).fast_accum
+
+
+def test_a_filter_picks_the_layers_to_quantize():
+    from wan_enhanced.checkpoints.tiny import TINY_DIT
+    from wan_enhanced.quant import Int8WeightOnlyConfig, quantize_block_linears
+    from wan_enhanced.wan.dit import WanDiT
+    model = WanDiT(TINY_DIT["t2v"])
+    before = model.blocks[0].self_attn.q.weight.detach().clone()
+    quantize_block_linears(model, Int8WeightOnlyConfig(),
+                           filter_fn=lambda m, name: isinstance(m, torch.nn.Linear)
+                           and ".ffn." in f".{name}.")
+    quantized = set(quantized_layers(model))
+    assert quantized and all(".ffn." in f".{n}." for n in quantized)
+    assert len(quantized) == 2 * len(model.blocks)
+    assert type(model.blocks[0].self_attn.q) is torch.nn.Linear
+    assert torch.equal(model.blocks[0].self_attn.q.weight, before)

@@ -1,0 +1,221 @@
+"""The one harness of the GPU benchmarks: the cases (real-size shapes and their tiny --quick
+versions), seeded random weights on the device, our DiT on them, timing with CUDA events and
+the memory peaks around it, output distances, and saving a result as JSON plus Markdown.
+
+Every benchmark script imports it as `wan_enhanced.bench.harness` (run a script as
+`python bench/NAME.py` or `python -m wan_enhanced.bench.NAME` from the repository root, with the
+package importable: installed, or bench/gpu_env.sh on a GPU machine).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import platform
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..atomic_files import write_atomically
+from ..checkpoints.tiny import TINY_VAE, randomize
+from ..wan.configs import KNOWN_DITS, DiTConfig
+from ..wan.dit import WanDiT, keeps_float32
+
+GIB = 2 ** 30
+TIMESTEP = 500.0
+
+
+# -- cases -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DiTCase:
+    model: str  # a KNOWN_DITS name
+    video: str  # W x H x frames
+    latent: tuple[int, int, int, int, int]
+    per_token_timestep: bool  # Wan2.2 TI2V: diffusers takes one timestep per token
+
+
+@dataclass(frozen=True)
+class VAECase:
+    kind: str  # vae21 / vae22
+    video: str
+    latent: tuple[int, int, int, int, int]
+
+
+CASES: dict[str, DiTCase | VAECase] = {
+    "dit_5b": DiTCase("wan2.2-ti2v-5b", "1280x704x121", (1, 48, 31, 44, 80), True),
+    "dit_1_3b": DiTCase("wan2.1-t2v-1.3b", "832x480x81", (1, 16, 21, 60, 104), False),
+    "dit_14b": DiTCase("wan2.1-t2v-14b", "1280x720x81", (1, 16, 21, 90, 160), False),
+    "vae21_decode": VAECase("vae21", "1280x720x81", (1, 16, 21, 90, 160)),
+    "vae22_decode": VAECase("vae22", "1280x704x121", (1, 48, 31, 44, 80)),
+}
+
+# --quick: tiny models and latents (tiled decodes still get several tiles on both sides)
+QUICK_DIT = dict(dim=256, ffn_dim=512, num_heads=2, num_layers=2)
+QUICK_LATENT = {"dit_5b": (1, 48, 3, 8, 12), "dit_1_3b": (1, 16, 3, 8, 12),
+                "dit_14b": (1, 16, 3, 8, 12), "vae21_decode": (1, 16, 2, 36, 20),
+                "vae22_decode": (1, 48, 2, 18, 10)}
+
+
+def dit_config(case: DiTCase, quick: bool) -> DiTConfig:
+    config = KNOWN_DITS[case.model].config
+    return replace(config, name=f"quick-{config.name}", **QUICK_DIT) if quick else config
+
+
+def vae_config(case: VAECase, quick: bool) -> dict:
+    return dict(TINY_VAE[case.kind]) if quick else {}
+
+
+def run_dtype(device: torch.device) -> torch.dtype:
+    """bf16, what the comparison is about; float32 on the CPU, where bf16 convolutions crawl."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+# -- weights --------------------------------------------------------------------------------
+
+def random_state(module: torch.nn.Module, seed: int, device: torch.device,
+                 dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Seeded random weights for `module` (built on the meta device), drawn and kept on `device`
+    (checkpoints/tiny.randomize's values; kept there: at 14B a copy to the host and back would
+    be 28.6 GB each way), so one tensor set serves every model of a case."""
+    return randomize(module, seed, device, dtype, keep_on_device=True)
+
+
+def ours_dit(config: DiTConfig, state: dict[str, torch.Tensor],
+             compute_dtype: torch.dtype) -> WanDiT:
+    """Our DiT on the tensors of `state`; norms and modulation in float32, as our loader does."""
+    with torch.device("meta"):
+        model = WanDiT(config, compute_dtype)
+    model.load_state_dict({k: v.float() if keeps_float32(k) else v for k, v in state.items()},
+                          strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """One model's timed runs: times in ms, peaks and the memory before them in bytes."""
+    times_ms: list[float]
+    peak_allocated: int | None
+    peak_reserved: int | None
+    allocated_before: int | None
+    error: str | None = None
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.times_ms) if self.times_ms else None
+
+    def to_dict(self) -> dict:
+        return {"median_ms": self.median_ms, "times_ms": self.times_ms,
+                "peak_allocated_bytes": self.peak_allocated,
+                "peak_reserved_bytes": self.peak_reserved,
+                "allocated_before_bytes": self.allocated_before, "error": self.error}
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def timed(fn: Callable[[], torch.Tensor], repeats: int, device: torch.device,
+          to_cpu: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor | None, Run]:
+    """Warm up once, then time `repeats` calls. Returns the last output moved to the CPU by
+    `to_cpu` (outside the timing) and the measurements; an out-of-memory error is recorded."""
+    cuda = device.type == "cuda"
+    out = None
+    try:
+        with torch.inference_mode():
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            gc.collect()
+            before = torch.cuda.memory_allocated() if cuda else None
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            times = []
+            for _ in range(repeats):
+                out = None  # the previous output is not part of the next call's peak
+                if cuda:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                        enable_timing=True)
+                    start.record()
+                    out = fn()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end))
+                else:
+                    t0 = time.perf_counter()
+                    out = fn()
+                    times.append((time.perf_counter() - t0) * 1000)
+            run = Run(times, torch.cuda.max_memory_allocated() - before if cuda else None,
+                      torch.cuda.max_memory_reserved() - before if cuda else None, before)
+            return to_cpu(out), run
+    except RuntimeError as error:  # out of memory, or a backend refusing the shapes: recorded
+        out = None
+        kind = "out of memory" if isinstance(error, torch.OutOfMemoryError) else "error"
+        print(f"  {kind}: {str(error)[:300]}", flush=True)
+        return None, Run([], None, None, None, error=f"{kind}: {str(error)[:200]}")
+    finally:
+        out = None
+        free_memory()
+
+
+def device_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (what it holds on the device)."""
+    tensors = {t.data_ptr(): t.nbytes for t in [*model.parameters(), *model.buffers()]}
+    return sum(tensors.values())
+
+
+def difference(ours: torch.Tensor | None, theirs: torch.Tensor | None) -> tuple[float, float]:
+    """(max |ours - theirs|, that / max |theirs|), in float64 on the CPU."""
+    if ours is None or theirs is None:
+        return math.nan, math.nan
+    diff = float((ours.double() - theirs.double()).abs().max())
+    scale = float(theirs.double().abs().max())
+    return diff, diff / scale if scale > 0 else math.inf
+
+
+def distance(out: torch.Tensor | None, ref: torch.Tensor) -> dict:
+    """max |out - ref| / max |ref| and ||out - ref|| / ||ref||, in float64 on the CPU."""
+    if out is None:
+        return {"max_rel": math.nan, "rel_l2": math.nan}
+    diff = out.double() - ref.double()
+    return {"max_rel": float(diff.abs().max() / ref.double().abs().max()),
+            "rel_l2": float(diff.norm() / ref.double().norm())}
+
+
+# -- results ----------------------------------------------------------------------------------
+
+def device_name(device: torch.device | None = None) -> str:
+    if (device is None or device.type == "cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return platform.processor() or "cpu"
+
+
+def fmt(value, spec: str, scale: float = 1.0, missing: str = "-") -> str:
+    """A table cell: `value / scale` formatted, or `missing` for None and NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return format(value / scale, spec)
+
+
+def ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def gib(value) -> float | None:
+    return None if value is None else value / GIB
+
+
+def save_result(out: Path, stem: str, data: dict, markdown: str) -> None:
+    """OUT/STEM.json and OUT/STEM.md, each written atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomically(out / f"{stem}.json", json.dumps(data, indent=1).encode())
+    write_atomically(out / f"{stem}.md", markdown.encode())

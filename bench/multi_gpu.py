@@ -13,6 +13,7 @@ Markdown are written into --out.
 
     python bench/multi_gpu.py --out DIR [--gpus 1,2,4] [--fsdp both|on|off] [--repeats 3]
                               [--warmup 1] [--compile] [--size 1280x720x81] [--quick]
+    (or python -m wan_enhanced.bench.multi_gpu ...)
 
 --quick: a tiny model and latent on gloo CPU processes (a test of the script; CI runs it).
 Targets (DESIGN.md section 8): >= 1.85x on 2 GPUs, >= 3.5x on 4, FSDP overhead <= 1%, outputs
@@ -22,7 +23,6 @@ equal to the one-GPU output to bf16 rounding.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -37,7 +37,7 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 import torch  # noqa: E402
 
-from wan_enhanced.atomic_files import write_atomically  # noqa: E402
+from wan_enhanced.bench.harness import device_name, save_result  # noqa: E402
 from wan_enhanced.distributed.contracts import ForwardCase, ForwardRequest, ModelSpec  # noqa: E402
 from wan_enhanced.distributed.devices import available  # noqa: E402
 from wan_enhanced.distributed.errors import WorkerFailed  # noqa: E402
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     compare(rows)
     report = {"model": "quick" if args.quick else args.model,
               "size": "quick" if args.quick else args.size,
-              "device": torch.cuda.get_device_name(0) if device_type == "cuda" else "cpu (gloo)",
+              "device": device_name() if device_type == "cuda" else "cpu (gloo)",
               "torch": torch.__version__, "python": platform.python_version(),
               "dtype": "float32" if args.quick else "bfloat16",
               "attention": "sdpa" if args.quick else "sdpa_cudnn", "compile": args.compile,
@@ -217,10 +217,7 @@ def main(argv=None) -> int:
                               ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
               "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_atomically(args.out / "multi_gpu.json", json.dumps(report, indent=1).encode(),
-                     "the results")
-    write_atomically(args.out / "multi_gpu.md", markdown(report).encode(), "the table")
+    save_result(args.out, "multi_gpu", report, markdown(report))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

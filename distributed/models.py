@@ -8,11 +8,11 @@ weights. Each model sits whole on the rank's device, or sharded with FSDP2 (fsdp
 from __future__ import annotations
 
 import gc
-import math
 from pathlib import Path
 
 import torch
 
+from ..checkpoints.tiny import randomize
 from ..wan.configs import DiTConfig
 from ..wan.dit import WanDiT, keeps_float32
 from .contracts import ModelSpec
@@ -71,48 +71,29 @@ def _cpu_model(spec: ModelSpec) -> WanDiT:
 
 def random_model(config: DiTConfig, seed: int, device: torch.device, dtype: torch.dtype,
                  fsdp: bool = False) -> WanDiT:
-    """Seeded random weights drawn on `device` (the same on every rank and on one GPU: each
-    tensor from its own generator), stored as the loader stores them: norms and modulation in
-    float32, the rest in `dtype`. With fsdp each block is sharded as soon as it is drawn, so a
-    rank never holds more than one whole block."""
+    """Seeded random weights drawn on `device` by checkpoints/tiny.randomize (the same on every
+    rank and on one GPU: each block and each other part from a seed of its own), stored as the
+    loader stores them: norms and modulation in float32, the rest in `dtype`. With fsdp each
+    block is sharded as soon as it is drawn, so a rank never holds more than one whole block."""
+    from torch.distributed.fsdp import fully_shard
+
     with torch.device("meta"):
         model = WanDiT(config, compute_dtype=dtype)
-    model.requires_grad_(False)
-    mesh = None
-    if fsdp:
-        from torch.distributed.fsdp import fully_shard
-        mesh = world_mesh(device)
+    mesh = world_mesh(device) if fsdp else None
     for index, block in enumerate(model.blocks):
-        _draw(block, f"blocks.{index}.", seed, device, dtype)
+        _fill(block, f"blocks.{index}.", seed + 1 + index, device, dtype)
         if mesh is not None:
             fully_shard(block, mesh=mesh, reshard_after_forward=True)
-    rest = [(n, m) for n, m in model.named_children() if n != "blocks"]
-    for name, module in rest:
-        _draw(module, f"{name}.", seed, device, dtype)
+    others = [(name, child) for name, child in model.named_children() if name != "blocks"]
+    for offset, (name, child) in enumerate(others):
+        _fill(child, f"{name}.", seed + 10_000 + offset, device, dtype)
     if mesh is not None:
         fully_shard(model, mesh=mesh, reshard_after_forward=False)
     return model
 
 
-def _draw(module: torch.nn.Module, prefix: str, seed: int, device, dtype) -> None:
-    module.to_empty(device=device)
-    with torch.no_grad():
-        for name, param in module.named_parameters():
-            key = prefix + name
-            gen = torch.Generator(device=device).manual_seed(seed + _stable_hash(key))
-            value = torch.randn(param.shape, generator=gen, device=device)
-            if name.endswith("modulation"):
-                value /= param.shape[-1] ** 0.5
-            elif param.dim() == 1:
-                value = (1.0 + 0.1 * value) if "norm" in name else 0.02 * value
-            else:
-                value /= max(1, math.prod(param.shape[1:])) ** 0.5
-            param.data = value.to(torch.float32 if keeps_float32(key) else dtype)
-
-
-def _stable_hash(text: str) -> int:
-    """A hash of a parameter's name that is the same in every process (str hashes are not)."""
-    value = 0
-    for byte in text.encode():
-        value = (value * 131 + byte) % (1 << 31)
-    return value
+def _fill(module: torch.nn.Module, prefix: str, seed: int, device, dtype) -> None:
+    state = randomize(module, seed, device, dtype, keep_on_device=True)
+    module.load_state_dict({k: v.float() if keeps_float32(prefix + k) else v
+                            for k, v in state.items()}, strict=True, assign=True)
+    module.requires_grad_(False)

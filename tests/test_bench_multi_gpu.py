@@ -2,11 +2,8 @@
 output and its per-rank metrics (the real run needs 2 or 4 GPUs: bench/run_multi_gpu.sh)."""
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import multi_gpu  # noqa: E402
+from wan_enhanced.bench import multi_gpu
 
 
 def test_quick_run(tmp_path):

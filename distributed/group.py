@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -44,6 +45,7 @@ import torch.multiprocessing
 from .errors import WorkerFailed
 from .messages import receive, send
 
+logger = logging.getLogger(__name__)
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_NAME = __name__.rsplit(".", 2)[0]
 BOOT_FOLDER = Path(__file__).resolve().parent / "boot"
@@ -98,6 +100,8 @@ class WorkerGroup:
         except BaseException:
             self.shutdown(FAILED_RANKS_GRACE_S)
             raise
+        logger.info("wan-enhanced: started %d worker process(es) on %s", self.world,
+                    ", ".join(self.device_name(r) for r in range(self.world)))
         return self
 
     def _open_store(self) -> int:
@@ -168,8 +172,11 @@ class WorkerGroup:
                 raise WorkerFailed(None, None, f"no answer within {timeout_s:.0f} s")
             for rank, message in self._messages():
                 kind = message[0]
-                if kind == "progress" and on_progress is not None:
-                    on_progress(message[1])
+                if kind == "progress" and on_progress is not None and stop is None:
+                    try:
+                        on_progress(message[1])
+                    except BaseException as exc:  # noqa: BLE001 - ComfyUI's progress hook
+                        stop, deadline = self._stopping(exc, stop_grace_s)  # checks interrupts
                 elif kind == "result":
                     if stop is not None:  # finished its last step as the stop came
                         raise _Stopped(stop)
@@ -182,11 +189,14 @@ class WorkerGroup:
                 try:
                     interrupt()
                 except BaseException as exc:  # noqa: BLE001 - the host's interrupt, re-raised
-                    stop = exc
-                    self._tell_every_rank(("stop",))
-                    deadline = time.monotonic() + stop_grace_s
+                    stop, deadline = self._stopping(exc, stop_grace_s)
             if deadline is not None and time.monotonic() > deadline:
                 raise stop  # run() shuts the group down: some rank did not stop
+
+    def _stopping(self, exc: BaseException, grace_s: float) -> tuple[BaseException, float]:
+        """Ask every rank to stop; (the exception to re-raise, when to give up on them)."""
+        self._tell_every_rank(("stop",))
+        return exc, time.monotonic() + grace_s
 
     def _tell_every_rank(self, message: tuple) -> None:
         for conn in self.conns:

@@ -21,7 +21,7 @@ from ..pipeline.errors import InputError
 from .contracts import ModelSpec, SampleRequest, SampleResult
 from .devices import gpus_problem, worker_device_type
 from .fsdp import fsdp_problem
-from .memory import check_fits_group
+from .memory import RankEstimate, check_fits_group
 
 SAMPLE_TASK = ".distributed.sampling:sample"
 METRICS_STAGE = "ranks"
@@ -35,6 +35,7 @@ class GroupRun:
     cfg_parallel: bool
     device_type: str
     mode: str = "auto"
+    estimate: RankEstimate | None = None  # what one rank needs (memory.py)
 
     @classmethod
     def checked(cls, model, low_noise_model, latent_shape, settings) -> "GroupRun":
@@ -47,6 +48,9 @@ class GroupRun:
                              f"block_swap 0 (and fsdp to shard)")
         handles = [model] if low_noise_model is None else [model, low_noise_model]
         for field, handle in zip(("model", "low_noise_model"), handles):
+            if getattr(handle, "loras", None):
+                raise InputError(f"{field}: {handle.name} carries LoRAs, which the GPUs' "
+                                 f"processes do not apply; use gpus 1 with LoRAs")
             if handle.weight_dtype is None or handle.info is None:
                 raise InputError(f"{field}: {handle.name} was not loaded from a file by Wan "
                                  f"Model Loader; the GPUs' processes load the model from its "
@@ -57,8 +61,8 @@ class GroupRun:
         device_type = worker_device_type()
         run = cls(handles, settings.gpus, settings.fsdp, wants_uncond and settings.gpus % 2 == 0,
                   device_type)
-        check_fits_group(handles, latent_shape, settings.gpus, settings.fsdp, run.cfg_parallel,
-                         device_type)
+        run.estimate = check_fits_group(handles, latent_shape, settings.gpus, settings.fsdp,
+                                        run.cfg_parallel, device_type)
         return run
 
     def specs(self) -> tuple[ModelSpec, ...]:
@@ -78,8 +82,9 @@ class GroupRun:
             schedule=schedule, cfg=settings.cfg, cfg_low_noise=settings.cfg_low_noise,
             boundary=boundary, first_frame=_cpu(first_frame), y=_cpu(y),
             clip_tokens=_cpu(clip_tokens), mode=self.mode, cfg_parallel=self.cfg_parallel)
-        if self.device_type == "cuda":
-            host.make_room(0, torch.device("cuda", 0))  # the host's cached models make way
+        if self.device_type == "cuda" and self.estimate is not None:
+            # rank 0 shares GPU 0 with the host: its cached models make way
+            host.make_room(self.estimate.total, torch.device("cuda", 0))
         group = worker_group(self.gpus, self.device_type)
 
         def progress(data):

@@ -108,3 +108,5 @@ def test_comfyui_interrupt_stops_every_rank_and_the_next_prompt_runs(server, tmp
     result = client.run(_workflow(client, "6.gpus=2", "6.steps=2", "8.filename_prefix=after"),
                         tmp_path / "after")
     assert result.status == "success"
+    log = (root / "server.log").read_text()
+    assert log.count("wan-enhanced: started 2 worker process(es)") == 1  # the same warm ranks

@@ -182,3 +182,20 @@ def test_communication_is_counted(gloo_group):
     assert m["gather_bytes"] == 8 * 64 * 4
     assert m["forwards"] == 1 and m["forward_seconds"] >= m["all_to_all_seconds"]
     assert m["compute_seconds"] > 0 and m["request_total_seconds"] >= m["forward_seconds"]
+
+
+@pytest.mark.skipif(not (__import__("shutil").which("c++") or __import__("shutil").which("g++")),
+                    reason="torch.compile on the CPU needs a C++ compiler")
+def test_compiled_blocks_split(gloo_group):
+    """The loader's compile option with the sequence split: the compiled graph breaks at the
+    sequence-wide attention (run eagerly with its collectives) and compiles the rest."""
+    model = _model(2)
+    torch.manual_seed(5)
+    case = ForwardCase(torch.randn(1, 16, 3, 6, 10), torch.tensor([[0.0, 500.0, 500.0]]),
+                       torch.randn(1, 7, 4096))
+    request = ForwardRequest(ModelSpec(config=model.config.to_dict(), state=model.state_dict(),
+                                       compile=True), (case,))
+    out = gloo_group(2).run(".distributed.tasks:forward", request, timeout_s=600).outputs[0]
+    with torch.no_grad():
+        reference = model(case.x, case.t, case.context)
+    assert (out - reference).abs().max() / reference.abs().max() < 2e-6

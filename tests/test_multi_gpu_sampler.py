@@ -244,3 +244,28 @@ def test_report_shows_each_rank(inputs, tmp_path):
     assert len(rows) == 4
     cells = rows[1].split(" | ")
     assert float(cells[2]) > 0 and cells[4] == "3"  # request seconds, forwards
+
+
+def test_run_command_with_gpus(tmp_path, monkeypatch):
+    """`wan-enhanced run` in this process with --set 6.gpus=2 / 6.fsdp=true: the same video as
+    with one process."""
+    from wan_enhanced.pipeline.video_io import read_mp4
+    from wan_enhanced.runner.cli import main
+    from wan_enhanced.runner.demo_command import DEMO_SETTINGS, WORKFLOW
+
+    monkeypatch.setenv("WAN_ENHANCED_DEVICE", "cpu")
+    models = tiny.write_models_folder(tmp_path / "models",
+                                      dit_name="wan2.2_ti2v_5B_fp16.safetensors",
+                                      vae_name="wan2.2_vae.safetensors",
+                                      text_encoder_name="umt5_xxl_fp16.safetensors", kind="ti2v")
+    frames = []
+    for name, extra in (("one", []), ("two", ["6.gpus=2", "6.fsdp=true"])):
+        argv = ["run", str(WORKFLOW), "--models", str(models), "--out", str(tmp_path / name),
+                "--quiet"]
+        for setting in [*DEMO_SETTINGS, "5.width=160", "5.height=96", "5.frames=9",
+                        "6.steps=2", *extra]:
+            argv += ["--set", setting]
+        assert main(argv) == 0
+        (video,) = (tmp_path / name).glob("*.mp4")
+        frames.append(read_mp4(video)[0])
+    assert frames[0].shape == frames[1].shape and (frames[0] == frames[1]).all()

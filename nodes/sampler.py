@@ -66,7 +66,7 @@ class WanSampler:
         from ..distributed.devices import gpus_problem
         problems = constant_problems(cls, cfg=cfg, shift=shift, denoise=denoise,
                                      boundary=boundary, cfg_low_noise=cfg_low_noise, gpus=gpus)
-        return verdict(problems or [gpus_problem(gpus)])
+        return verdict([*problems, gpus_problem(gpus)])
 
     def run(self, model, positive, negative, latent, seed, steps, cfg, shift, scheduler,
             denoise, low_noise_model=None, boundary=-1.0, cfg_low_noise=-1.0, block_swap=0,

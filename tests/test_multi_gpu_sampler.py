@@ -40,6 +40,17 @@ def no_group_left():
     group_module.shutdown_worker_group()
 
 
+@pytest.fixture(autouse=True)
+def runs_time_out(monkeypatch):
+    """A hung collective fails the test (the product waits as long as a run takes)."""
+    run = group_module.WorkerGroup.run
+
+    def bounded(self, *args, timeout_s=None, **kwargs):
+        return run(self, *args, timeout_s=timeout_s or 300, **kwargs)
+
+    monkeypatch.setattr(group_module.WorkerGroup, "run", bounded)
+
+
 def node(name):
     return NODES[f"WanEnhanced{name}"]()
 

@@ -14,6 +14,7 @@ from wan_enhanced.nodes.common import NodeInputError, NodeRunError
 from wan_enhanced.profiling.events import start_run
 
 DIT, VAE, TE = "tiny_t2v.safetensors", "tiny_vae21.safetensors", "tiny_umt5.safetensors"
+TI2V, VAE22 = "tiny_ti2v.safetensors", "tiny_vae22.safetensors"
 TOLERANCE = 2e-6  # relative to max |latent|: float32 rounding
 
 
@@ -21,6 +22,8 @@ TOLERANCE = 2e-6  # relative to max |latent|: float32 rounding
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     tiny.write_models_folder(root, dit_name=DIT, vae_name=VAE, text_encoder_name=TE, kind="t2v")
+    tiny.write_models_folder(root, dit_name=TI2V, vae_name=VAE22, text_encoder_name=TE,
+                             kind="ti2v")
     return root
 
 
@@ -114,6 +117,22 @@ def test_fsdp_shards_quantized_weights(cpu_ranks):
     whole = sum(t.numel() * t.element_size() for t in model.model.parameters())
     assert held[:2] == [whole, whole]
     assert all(0.45 * whole < h < 0.6 * whole for h in held[2:]) and len(held) == 4
+
+
+def test_start_image_with_per_frame_timesteps(cpu_ranks):
+    """TI2V-5B image to video: frame 0 fixed at t = 0 (one timestep per latent frame, each
+    rank's modulation by the global frame of its rows), batch 2, 3 ranks (ring, uneven rows)."""
+    (model,) = node("ModelLoader").load(TI2V, "fp32", "sdpa")
+    (vae,) = node("VAELoader").load(VAE22, "fp32")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    positive, negative = node("TextEncode").encode(encoder, "a red fox", "blurry")
+    image = torch.rand(1, 40, 70, 3, generator=torch.Generator().manual_seed(5))
+    (latent,) = node("ImageToVideoLatent").make(model, vae, image, 96, 32, 9, 2)
+    inputs = (model, positive, negative, latent)
+    reference = sample(inputs)
+    out = sample(inputs, gpus=3)
+    assert _close(out, reference)
+    assert torch.allclose(out[:, :, :1], latent["first_frame"], atol=1e-5)
 
 
 def test_a14b_experts_switch_under_fsdp(inputs):

@@ -6,6 +6,9 @@
   the rotary table and the timestep modulation by global position and gathers the output;
 - cfg_parallel.py: the conditional and unconditional passes on two halves of the group;
 - fsdp.py: opt-in FSDP2 sharding of the transformer blocks;
-- group.py / worker.py: the warm worker group the sampler drives (torch.distributed: NCCL
-  between GPUs, gloo on the CPU and for control).
+- group.py / worker.py / launch.py / messages.py: the warm worker group the sampler drives
+  (torch.distributed: NCCL between GPUs, gloo on the CPU and for control), how its ranks start,
+  and what travels on their pipes;
+- sampler.py (the driver's side of a sampler run) / sampling.py (the ranks' denoise loop),
+  tasks.py, models.py, memory.py, metrics.py, golden.py.
 """

@@ -21,34 +21,22 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
 import secrets
 import signal
-import socket
-import sys
 import threading
 import time
-import types
-from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing
-
 from .errors import WorkerFailed
+from .launch import loopback_store, raised_in, spawn_ranks
 from .messages import receive, send
 
 logger = logging.getLogger(__name__)
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_NAME = __name__.rsplit(".", 2)[0]
-BOOT_FOLDER = Path(__file__).resolve().parent / "boot"
 START_TIMEOUT_S = 600.0
 STOP_GRACE_S = 120.0
 POLL_S = 0.1
@@ -85,14 +73,11 @@ class WorkerGroup:
         ctx = multiprocessing.get_context("spawn")
         pipes = [ctx.Pipe(duplex=True) for _ in range(self.world)]
         self.conns = [parent for parent, _ in pipes]
-        port = self._open_store()
+        self.store, port = loopback_store(self.start_timeout_s)
         prefix = f"wan-enhanced-{secrets.token_hex(4)}/"
         threads = max(1, (os.cpu_count() or 1) // self.world)
-        with _spawnable() as boot:
-            self.context = torch.multiprocessing.start_processes(
-                boot.main, args=(PACKAGE_NAME, str(PACKAGE_ROOT), self.world, self.device_type,
-                                 port, prefix, [child for _, child in pipes], threads),
-                nprocs=self.world, join=False, daemon=True, start_method="spawn")
+        self.context = spawn_ranks(self.world, (self.world, self.device_type, port, prefix,
+                                                [child for _, child in pipes], threads))
         for _, child in pipes:
             child.close()
         try:
@@ -103,22 +88,6 @@ class WorkerGroup:
         logger.info("wan-enhanced: started %d worker process(es) on %s", self.world,
                     ", ".join(self.device_name(r) for r in range(self.world)))
         return self
-
-    def _open_store(self) -> int:
-        """The rendezvous: a TCPStore on the loopback only (Linux: a socket we bind ourselves;
-        elsewhere the store's own, on a free port)."""
-        timeout = timedelta(seconds=self.start_timeout_s)
-        if sys.platform.startswith("linux"):
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.bind(("127.0.0.1", 0))
-            listener.listen(128)
-            port = listener.getsockname()[1]
-            self.store = dist.TCPStore("127.0.0.1", port, None, True, timeout, False,
-                                       master_listen_fd=listener.fileno())
-            listener.detach()  # the store owns the socket now and closes it
-            return port
-        self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout, False)
-        return self.store.port
 
     def _await_ready(self) -> None:
         waiting = set(range(self.world))
@@ -228,7 +197,7 @@ class WorkerGroup:
             reason = message[2]
         elif kind == "exited":
             reason = _exit_reason(message[1])
-            raised = self._raised_in(rank)
+            raised = raised_in(self.context, rank)
             if raised:  # the rank raised outside its task loop (torch wrote the traceback)
                 last = raised.strip().splitlines()[-1]
                 reason = f"{last} ({reason})\n{raised}"
@@ -236,18 +205,6 @@ class WorkerGroup:
             reason = f"unexpected message {kind!r}"
         self.shutdown(FAILED_RANKS_GRACE_S)
         raise WorkerFailed(rank, self.device_name(rank), reason)
-
-    def _raised_in(self, rank: int) -> str | None:
-        """The traceback torch.multiprocessing saved for a rank whose function raised."""
-        files = getattr(self.context, "error_files", None) or []
-        path = files[rank] if rank < len(files) else None
-        if not path or not os.path.isfile(path) or os.path.getsize(path) == 0:
-            return None
-        try:
-            with open(path, "rb") as f:
-                return str(pickle.load(f))
-        except Exception:  # noqa: BLE001 - a damaged file: the exit code still says enough
-            return None
 
     # -- stopping ------------------------------------------------------------------------------
 
@@ -314,27 +271,6 @@ def _exit_reason(code: int | None) -> str:
         return f"its process was killed by {name}{hint}"
     return f"its process exited with code {code}"
 
-
-@contextlib.contextmanager
-def _spawnable():
-    """What a spawned rank needs to start: the boot module importable by its own name (its folder
-    on the path, nothing else in it), and no re-run of the host's main script (ComfyUI's
-    main.py would run again in every rank: spawn re-imports __main__)."""
-    folder = str(BOOT_FOLDER)
-    if folder not in sys.path:
-        sys.path.append(folder)
-    boot = importlib.import_module("wan_enhanced_worker_boot")
-    main = sys.modules.get("__main__")
-    with _MAIN_LOCK:
-        sys.modules["__main__"] = types.ModuleType("__main__")
-        try:
-            yield boot
-        finally:
-            if main is not None:
-                sys.modules["__main__"] = main
-
-
-_MAIN_LOCK = threading.Lock()
 
 # -- the process-wide group ----------------------------------------------------------------------
 

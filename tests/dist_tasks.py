@@ -21,7 +21,7 @@ def count_calls(state, payload):
 
 def fail_on(state, rank):
     if state.rank == rank:
-        raise ValueError(f"this rank was told to fail")
+        raise ValueError("this rank was told to fail")
     dist.barrier()  # the others wait in a collective, as in a real run
 
 

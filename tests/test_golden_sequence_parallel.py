@@ -4,7 +4,6 @@ divide by 2 (Ulysses) and not by 3 (ring); their 45- and 30-row cases do not div
 by 4 and 3 respectively), and a tampered file still fails."""
 
 import pytest
-import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 

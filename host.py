@@ -22,7 +22,10 @@ MODEL_EXTENSIONS = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".index.json
 
 def _comfy(module: str):
     """A ComfyUI module, or None outside ComfyUI. Any exception counts as absent: on a machine
-    without a GPU driver ComfyUI's model manager raises RuntimeError at import."""
+    without a GPU driver ComfyUI's model manager raises RuntimeError at import. A worker
+    process of the several-GPU group (distributed/worker.py) never touches ComfyUI."""
+    if os.environ.get("WAN_ENHANCED_WORKER"):
+        return None
     try:
         return __import__(module, fromlist=["_"])
     except Exception:

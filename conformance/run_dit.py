@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..wan.configs import DiTConfig
@@ -24,17 +26,37 @@ def build(golden: GoldenFile) -> WanDiT:
     return model.eval()
 
 
+@dataclass(frozen=True)
+class DiTCheck:
+    """One forward a golden file asks for and the output it is scored against."""
+    case: str
+    output: str  # the score's label
+    inputs: dict  # keyword inputs of WanDiT.forward besides x, t and context
+    x: torch.Tensor
+    t: torch.Tensor
+    context: torch.Tensor
+    expected: torch.Tensor
+
+
+def checks(golden: GoldenFile) -> list[DiTCheck]:
+    out = []
+    for case in golden.cases():
+        x, context = case.inputs["x"], case.inputs["context"]
+        extra = {"clip_tokens": case.inputs.get("clip_fea"), "y": case.inputs.get("y")}
+        out.append(DiTCheck(case.name, "y", extra, x, case.inputs["t"], context,
+                            case.expected["y"]))
+        if "t_per_frame" in case.inputs:  # the same case with one timestep per latent frame
+            out.append(DiTCheck(case.name, "y(t_per_frame)", {}, x, case.inputs["t_per_frame"],
+                                context, case.expected["y"]))
+    return out
+
+
 def run(golden: GoldenFile) -> list[OutputScore]:
     model = build(golden)
     scores = []
     with torch.no_grad():
-        for case in golden.cases():
-            x, context = case.inputs["x"], case.inputs["context"]
-            y = model(x, case.inputs["t"], context, clip_tokens=case.inputs.get("clip_fea"),
-                      y=case.inputs.get("y"))
-            scores.append(score(case.name, "y", y, case.expected["y"], golden.tolerance("y")))
-            if "t_per_frame" in case.inputs:  # the same case with one timestep per latent frame
-                y = model(x, case.inputs["t_per_frame"], context)
-                scores.append(score(case.name, "y(t_per_frame)", y, case.expected["y"],
-                                    golden.tolerance("y")))
+        for check in checks(golden):
+            y = model(check.x, check.t, check.context, **check.inputs)
+            scores.append(score(check.case, check.output, y, check.expected,
+                                golden.tolerance("y")))
     return scores

@@ -29,11 +29,17 @@ class NodeInputError(ValueError):
     """A bad input, reported with the node's display name and the field."""
 
 
+class NodeRunError(RuntimeError):
+    """A failure while the node ran that is not its inputs' fault (a GPU worker process that
+    failed), reported with the node's display name."""
+
+
 @contextlib.contextmanager
 def node_errors(node: str):
     """Re-raise input and checkpoint errors with the node's name in front: the message then says
     which node and which field, and the process stays usable."""
     from ..checkpoints.reader import CheckpointError
+    from ..distributed.errors import WorkerFailed
     from ..host import ModelNameError, hide_server_paths
     from ..pipeline.errors import InputError
     from ..safe_paths import UnsafePathError
@@ -43,6 +49,8 @@ def node_errors(node: str):
     except (CheckpointError, InputError, UnsafePathError, ModelNameError,
             FileNotFoundError) as exc:
         raise NodeInputError(f"{node}: {hide_server_paths(str(exc))}") from exc
+    except WorkerFailed as exc:
+        raise NodeRunError(f"{node}: {hide_server_paths(str(exc))}") from exc
 
 
 def memory_event(label: str, stage: str, node_id=None, **extra) -> None:

@@ -44,6 +44,15 @@ class WanSampler:
             "prefetch_blocks": ("INT", {"default": 1, "min": 1, "max": 8, "tooltip":
                                         "block swap: blocks copied ahead of the one computing "
                                         "(each holds one block's weights on the GPU)"}),
+            "gpus": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip":
+                             "GPUs that compute this video together (1: this process, as "
+                             "always). Each step's tokens are split over them (Ulysses or ring "
+                             "attention) and, with guidance, the conditional and unconditional "
+                             "passes run on two halves at once. A warm process per GPU keeps "
+                             "the model between runs"}),
+            "fsdp": ("BOOLEAN", {"default": False, "tooltip": "with gpus > 1: shard the "
+                                 "transformer blocks over the GPUs (FSDP2) instead of a whole "
+                                 "copy on each; for a model that does not fit one GPU"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     RETURN_TYPES = ("LATENT",)
@@ -51,19 +60,23 @@ class WanSampler:
     CATEGORY = CATEGORY
 
     @classmethod
-    def VALIDATE_INPUTS(cls, cfg, shift, denoise, boundary=None, cfg_low_noise=None):
-        """No NaN in a FLOAT input (ComfyUI's range checks let NaN through)."""
-        return verdict(constant_problems(cls, cfg=cfg, shift=shift, denoise=denoise,
-                                         boundary=boundary, cfg_low_noise=cfg_low_noise))
+    def VALIDATE_INPUTS(cls, cfg, shift, denoise, boundary=None, cfg_low_noise=None, gpus=None):
+        """No NaN in a FLOAT input (ComfyUI's range checks let NaN through); no more GPUs than
+        this machine has."""
+        from ..distributed.devices import gpus_problem
+        problems = constant_problems(cls, cfg=cfg, shift=shift, denoise=denoise,
+                                     boundary=boundary, cfg_low_noise=cfg_low_noise, gpus=gpus)
+        return verdict([*problems, gpus_problem(gpus)])
 
     def run(self, model, positive, negative, latent, seed, steps, cfg, shift, scheduler,
             denoise, low_noise_model=None, boundary=-1.0, cfg_low_noise=-1.0, block_swap=0,
-            prefetch_blocks=1, unique_id=None):
+            prefetch_blocks=1, gpus=1, fsdp=False, unique_id=None):
         settings = SamplerSettings(seed=seed, steps=steps, cfg=cfg, shift=shift,
                                    scheduler=scheduler, denoise=denoise,
                                    boundary=None if boundary < 0 else boundary,
                                    cfg_low_noise=None if cfg_low_noise < 0 else cfg_low_noise,
-                                   block_swap=block_swap, prefetch_blocks=prefetch_blocks)
+                                   block_swap=block_swap, prefetch_blocks=prefetch_blocks,
+                                   gpus=gpus, fsdp=fsdp)
         progress = host.Progress(steps, self.DISPLAY)
         memory_event("sampling starts", "sample", unique_id)
 

@@ -23,6 +23,9 @@ class WanModelHandle:
     info: CheckpointInfo
     attention: str = "sdpa_cudnn"
     compile: bool = False  # run the transformer blocks through torch.compile
+    # the loader's weight_dtype: what the worker processes of a several-GPU run load the file
+    # with (None: a model not loaded from a file, which they cannot load)
+    weight_dtype: str | None = None
 
     @property
     def name(self) -> str:

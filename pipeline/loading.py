@@ -69,7 +69,7 @@ def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "auto",
         model, info = load_dit(path, DTYPES[weight_dtype])
     else:
         raise CheckpointError(f"weight_dtype: {weight_dtype!r} is not one of {MODEL_DTYPES}")
-    return WanModelHandle(_resident(model, keep_on_gpu), info, attention, compile)
+    return WanModelHandle(_resident(model, keep_on_gpu), info, attention, compile, weight_dtype)
 
 
 def _check_attention(attention: str) -> None:

@@ -46,6 +46,9 @@ class SamplerSettings:
     # copied ahead of the one computing
     block_swap: int = 0
     prefetch_blocks: int = 1
+    # several GPUs (distributed/): the run split over this many, the blocks sharded with fsdp
+    gpus: int = 1
+    fsdp: bool = False
 
 
 def expert_boundary(boundary: float | None, model: WanModelHandle) -> float:
@@ -106,10 +109,21 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
                          f"{settings.prefetch_blocks}: expected block_swap >= 0 (0: no swap) "
                          f"and prefetch_blocks >= 1")
     check_finite(settings)
+    if settings.gpus < 1 or (settings.fsdp and settings.gpus == 1):
+        raise InputError(f"gpus {settings.gpus} / fsdp {settings.fsdp}: expected gpus >= 1, and "
+                         f"fsdp only with gpus > 1 (it shards the model over them)")
     schedule = schedule_for(settings)
     fmt = model.latent_format
-    from .memory_guard import check_sampling  # before the first latent-sized allocation
-    check_sampling(model, clean.shape, device, settings.block_swap, settings.prefetch_blocks)
+    group_run = None
+    if settings.gpus > 1:  # refused here, before anything is allocated or started
+        from ..distributed.sampler import GroupRun
+        group_run = GroupRun.checked(model, low_noise_model, clean.shape, settings)
+    else:
+        if device.type == "cuda":  # a warm several-GPU group holds GPU memory: let it go
+            from ..distributed.group import shutdown_worker_group
+            shutdown_worker_group()
+        from .memory_guard import check_sampling  # before the first latent-sized allocation
+        check_sampling(model, clean.shape, device, settings.block_swap, settings.prefetch_blocks)
 
     noise = noise_for(latent, clean.shape, settings.seed)
     if settings.denoise < 1:
@@ -117,6 +131,14 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     else:
         start = noise
     del noise
+    if group_run is not None:
+        result = group_run.sample(
+            start, cond, uncond, settings, schedule,
+            boundary=None if low_noise_model is None else expert_boundary(settings.boundary,
+                                                                          model),
+            first_frame=None if first_frame is None else fmt.normalise(first_frame), y=condition,
+            clip_tokens=clip_tokens, on_step=on_step)
+        return {"samples": fmt.denormalise(result)}
 
     y = None if condition is None else condition.to(device, torch.float32)
     image_tokens = None if clip_tokens is None else clip_tokens.to(device, torch.float32)

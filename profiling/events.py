@@ -52,7 +52,11 @@ previous event; code that measures peaks itself should read them from the events
 
 Extras the nodes record: loaders {"component": "dit" | "text_encoder" | "clip_vision" | "vae",
 "bytes": the module's parameter and buffer bytes (what it occupies when placed), "dtype":
-"bfloat16" | …, "file": the checkpoint's name}; sampling steps {"step": i}.
+"bfloat16" | …, "file": the checkpoint's name}; sampling steps {"step": i}. A sampler run over
+several GPUs adds one event per rank (stage "ranks", label "rank N") whose extra holds that
+rank's metrics (distributed/metrics.py: "rank", "device", "request_total_seconds",
+"compute_seconds", "all_to_all_seconds" / "_bytes", "ring_seconds" / "_bytes",
+"reserved_peak_bytes", …) and the run's "gpus", "fsdp" and "cfg_parallel".
 
 Compatibility: readers ignore keys they do not know; new keys ("run.initial", "activity", …)
 are added without changing the version. The version changes only when an existing key changes

@@ -6,7 +6,8 @@
 Files, named after the events file (or the run id for a log never saved), all written
 atomically into the output folder:
 
-    <name>-report.md        host, component breakdown, peaks per stage, step statistics, activity
+    <name>-report.md        host, component breakdown, peaks per stage, step statistics, the
+                            ranks of a several-GPU run, activity
     <name>-components.png   (a) what each loaded component occupies, and "other"
     <name>-stages.png       (b) peak allocated / reserved per stage (RSS without CUDA)
     <name>-timeline.png     (d) allocated, reserved, NVML used and RSS over time, stages shaded
@@ -27,6 +28,7 @@ from ..atomic_files import write_atomically
 from .report_data import (ReportError, activity, component_breakdown, read_log, stage_peaks,
                           step_statistics, uses_cuda)
 from .report_markdown import Analysis, render
+from .report_ranks import rank_runs
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ def build_report(events, out_dir: str | Path | None = None) -> Path:
 def analyse(data: dict) -> Analysis:
     return Analysis(breakdown=component_breakdown(data), stages=stage_peaks(data),
                     steps=step_statistics(data), activity=activity(data),
-                    cuda=uses_cuda(data["events"]))
+                    cuda=uses_cuda(data["events"]), ranks=rank_runs(data))
 
 
 def draw(data: dict, analysis: Analysis, out: Path, name: str) -> tuple[dict, str | None]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .report_data import GIB, Breakdown, StageRow, StepStats
+from .report_ranks import RankRun, render_ranks
 
 MIB = float(1 << 20)
 
@@ -17,6 +18,7 @@ class Analysis:
     steps: StepStats | None
     activity: dict | None
     cuda: bool
+    ranks: list[RankRun] = field(default_factory=list)
 
 
 def render(data: dict, source: Path | None, analysis: Analysis, images: dict[str, str],
@@ -29,6 +31,7 @@ def render(data: dict, source: Path | None, analysis: Analysis, images: dict[str
     parts += _components(analysis.breakdown, images.get("components"))
     parts += _stages(analysis.stages, analysis.cuda, images.get("stages"))
     parts += _steps(analysis.steps)
+    parts += render_ranks(analysis.ranks)
     parts += ["", "## Memory timeline", ""]
     parts += _image("memory timeline", images.get("timeline"))
     parts += ["", "Stages are shaded from the previous stage's last event to their own last "

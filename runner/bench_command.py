@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -65,19 +66,45 @@ def add_parser(subparsers) -> None:
                    metavar="NODE.INPUT=VALUE", help="override an input in every scenario")
     p.add_argument("--tiny", action="store_true",
                    help="tiny random models under the same names (a CPU smoke test)")
+    p.add_argument("--gpus", type=_gpu_counts, default=[1], metavar="N[,N...]",
+                   help="run every scenario on each of these GPU counts (e.g. 1,2,4: the "
+                        "sampler's gpus input); the table gets the speed-up over 1 GPU and "
+                        "each run's communication time and largest per-GPU peak")
+    p.add_argument("--fsdp", action="store_true",
+                   help="the runs on several GPUs shard the model (the sampler's fsdp input)")
     p.set_defaults(func=run)
 
 
+def _gpu_counts(text: str) -> list[int]:
+    import argparse
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU counts like 1,2,4, got {text!r}") \
+            from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"GPU counts must be 1 or more, got {text!r}")
+    return counts
+
+
 def run(args) -> int:
+    from ..distributed.devices import gpus_problem
+
     names = args.scenario or list(SCENARIOS)
+    problem = gpus_problem(max(args.gpus))
+    if problem:  # before a model set is written or a scenario runs
+        print(f"error: --{problem}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in names:
-        row = run_scenario(name, Path(args.models), out, args.max_steps, args.assignments,
-                           args.tiny)
-        rows.append(row)
-        print(format_row(row), flush=True)
+        for gpus in args.gpus:
+            row = run_scenario(name, Path(args.models), out, args.max_steps, args.assignments,
+                               args.tiny, gpus=gpus, fsdp=args.fsdp and gpus > 1)
+            add_speedup(row, rows)
+            rows.append(row)
+            print(format_row(row), flush=True)
     table = results_markdown(rows)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     (out / f"bench-{stamp}.md").write_text(table)
@@ -99,7 +126,8 @@ def _overrides(scenario: Scenario, model_set, workflow: dict, max_steps: int | N
 
 
 def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
-                 extra: list[str], tiny: bool = False) -> dict:
+                 extra: list[str], tiny: bool = False, gpus: int = 1,
+                 fsdp: bool = False) -> dict:
     from .. import NODE_CLASS_MAPPINGS
     from ..profiling.activity import ActivityMonitor
     from .executor import RunError, run_workflow
@@ -111,6 +139,9 @@ def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
     host.set_headless_folders(models=models, output=out / "videos")
     workflow = load_workflow(WORKFLOWS / f"{scenario.workflow}.json", NODE_CLASS_MAPPINGS)
     settings, steps, ran = _overrides(scenario, model_set, workflow, max_steps, extra)
+    if gpus > 1:
+        sampler = scenario.nodes["sampler"]
+        settings += [f"{sampler}.gpus={gpus}", f"{sampler}.fsdp={str(fsdp).lower()}"]
     workflow = apply_overrides(workflow, settings, NODE_CLASS_MAPPINGS)
     latent = workflow[scenario.nodes["latent"]]["inputs"]
 
@@ -130,14 +161,19 @@ def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
     seconds = time.perf_counter() - start
     activity = monitor.result()
     log.attach_activity(activity)
-    log_path = log.save(out / f"{name}-events.json")
+    suffix = "" if gpus == 1 else f"-{gpus}gpus{'-fsdp' if fsdp else ''}"
+    log_path = log.save(out / f"{name}{suffix}-events.json")
+    ranks = rank_summary(log.events)
+    if ranks:  # the work ran in the GPUs' processes: their peaks, not this process's
+        peak = None
     return {
         "case": name, "status": status, "error": error,
         "resolution": f"{latent['width']}x{latent['height']}", "frames": latent["frames"],
         "steps": ran, "steps_in_workflow": steps, "offload": scenario.offload,
         "total_seconds": round(seconds, 2), "seconds_per_step": seconds_per_step(log.events),
-        "peak_allocated_gib": _gib(peak.allocated if peak else None),
-        "peak_reserved_gib": _gib(peak.reserved if peak else None),
+        "peak_allocated_gib": _gib(peak.allocated if peak else ranks.get("allocated_peak")),
+        "peak_reserved_gib": _gib(peak.reserved if peak else ranks.get("reserved_peak")),
+        "gpus": gpus, "fsdp": fsdp, "comm_seconds": ranks.get("comm_seconds"),
         "mean_sm_activity": activity["summary"].get("mean_sm_activity"),
         "compute_load_gpu_s": activity["summary"].get("compute_load"),
         "events": str(log_path),
@@ -157,13 +193,42 @@ def seconds_per_step(events: list[dict]) -> float | None:
     return None
 
 
+def rank_summary(events: list[dict]) -> dict:
+    """Of the last several-GPU run in `events`: the largest peaks over its ranks and rank 0's
+    communication seconds (all-to-all, ring, output gather, CFG swap); {} without one."""
+    ranks = [e["extra"] for e in events if e.get("stage") == "ranks" and e.get("extra")]
+    starts = [i for i, r in enumerate(ranks) if r.get("rank") == 0]
+    if not starts:
+        return {}
+    last = ranks[starts[-1]:]
+
+    def largest(key):
+        values = [r[key] for r in last if r.get(key) is not None]
+        return max(values) if values else None
+
+    comm = sum(last[0].get(f"{kind}_seconds") or 0.0
+               for kind in ("all_to_all", "ring", "gather", "cfg"))
+    return {"reserved_peak": largest("reserved_peak_bytes"),
+            "allocated_peak": largest("allocated_peak_bytes"), "comm_seconds": round(comm, 3)}
+
+
+def add_speedup(row: dict, earlier: list[dict]) -> None:
+    """The time per step of the same case on one GPU over this row's (None without one)."""
+    single = [r for r in earlier if r["case"] == row["case"] and r.get("gpus", 1) == 1
+              and r.get("seconds_per_step")]
+    ratio = None
+    if single and row.get("seconds_per_step"):
+        ratio = round(single[-1]["seconds_per_step"] / row["seconds_per_step"], 2)
+    row["speedup"] = ratio if row.get("gpus", 1) > 1 else None
+
+
 def _gib(value) -> float | None:
     return None if value is None else round(gib(value), 2)
 
 
 COLUMNS = ("case", "resolution", "frames", "steps", "offload", "total_seconds",
            "seconds_per_step", "peak_allocated_gib", "peak_reserved_gib", "mean_sm_activity",
-           "compute_load_gpu_s", "status")
+           "compute_load_gpu_s", "gpus", "speedup", "comm_seconds", "status")
 
 
 def _cell(value) -> str:
@@ -178,12 +243,15 @@ def format_row(row: dict) -> str:
 
 def results_markdown(rows: list[dict]) -> str:
     header = ("| case | resolution | frames | steps | offload | total s | s/step | "
-              "peak alloc GiB | peak reserved GiB | mean SM % | compute load GPU·s | status |")
+              "peak alloc GiB | peak reserved GiB | mean SM % | compute load GPU·s | GPUs | "
+              "speed-up | comm s | status |")
     lines = [header, "|" + "---|" * len(COLUMNS)]
     for row in rows:
         cells = [_cell(row.get(c)) for c in COLUMNS]
         if row["steps"] != row["steps_in_workflow"]:
             cells[3] = f"{row['steps']} of {row['steps_in_workflow']}"
+        gpus = row.get("gpus", 1)
+        cells[COLUMNS.index("gpus")] = f"{gpus}{' fsdp' if row.get('fsdp') else ''}"
         lines.append("| " + " | ".join(cells) + " |")
     device = rows[0]["device"] if rows else "?"
     return f"device: {device}\n\n" + "\n".join(lines) + "\n"

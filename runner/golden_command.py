@@ -1,7 +1,9 @@
-"""`wan-enhanced golden FILE...`: check our components against reference files."""
+"""`wan-enhanced golden FILE...`: check our components against reference files; with
+`--sequence-parallel N` the DiT files run with the model split over N CPU processes (gloo)."""
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from ..conformance.check import check_file
@@ -15,24 +17,71 @@ def add_parser(subparsers) -> None:
                     "describes on the CPU in float32, prints the max absolute and max relative "
                     "error of every output, and exits non-zero when a tolerance is exceeded.")
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--sequence-parallel", type=_processes, default=1, metavar="N",
+                   help="run the DiT files with the token sequence split over N CPU processes "
+                        "(torch.distributed, gloo): Ulysses attention where the heads divide by "
+                        "N, ring attention otherwise; other files run in this process")
     p.set_defaults(func=run)
 
 
+def _processes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") \
+            from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"{value} processes: expected 1 to 64")
+    return value
+
+
 def run(args) -> int:
+    group = None
     failed = 0
-    for path in args.files:
-        start = time.perf_counter()
-        try:
-            report = check_file(path)
-        except GoldenFileError as exc:
-            print(f"ERROR {exc}")
-            failed += 1
-            continue
-        print(f"{path} ({report.kind}, {time.perf_counter() - start:.1f} s)")
-        for s in report.scores:
-            print("  " + s.line())
-        if not report.passed:
-            failed += 1
+    try:
+        for path in args.files:
+            start = time.perf_counter()
+            note = ""
+            try:
+                if args.sequence_parallel > 1 and _is_dit(path):
+                    group = group or _start_group(args.sequence_parallel)
+                    report, used = _split(path, group)
+                    note = f", split over {args.sequence_parallel} processes, {used} attention"
+                else:
+                    report = check_file(path)
+                    if args.sequence_parallel > 1:
+                        note = ", in this process: only DiT files run split"
+            except GoldenFileError as exc:
+                print(f"ERROR {exc}")
+                failed += 1
+                continue
+            print(f"{path} ({report.kind}{note}, {time.perf_counter() - start:.1f} s)")
+            for s in report.scores:
+                print("  " + s.line())
+            if not report.passed:
+                failed += 1
+    finally:
+        if group is not None:
+            group.shutdown()
     total = len(args.files)
     print(f"{total - failed}/{total} files passed")
     return 1 if failed else 0
+
+
+def _is_dit(path: str) -> bool:
+    from ..conformance.golden_file import read_golden
+    from ..distributed.golden import DIT_KINDS
+    try:
+        return read_golden(path).kind in DIT_KINDS
+    except GoldenFileError:
+        return False  # check_file says what is wrong with it
+
+
+def _start_group(world: int):
+    from ..distributed.group import WorkerGroup
+    return WorkerGroup(world, "cpu").start()
+
+
+def _split(path: str, group):
+    from ..distributed.golden import check_file_split
+    return check_file_split(path, group)

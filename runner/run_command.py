@@ -26,6 +26,7 @@ from typing import Mapping, TextIO
 from .. import host
 from .client import (Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError)
 from .executor import RunError, RunEvent, RunInterrupted, check_supported, execute
+from .server_pool import run_on_servers, server_urls
 from .overrides import OverrideError, apply_overrides
 from .sweep import (ResultsLog, SweepError, SweepJob, expand_sweep, job_key, job_scope,
                     load_sweep, result_record)
@@ -55,9 +56,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", metavar="DIR", default="output",
                    help="output folder (default: ./output); with --server, where the outputs "
                         "are downloaded")
-    p.add_argument("--server", metavar="URL",
+    p.add_argument("--server", metavar="URL[,URL...]",
                    help="queue on this ComfyUI server (e.g. http://127.0.0.1:8188) instead of "
-                        "running here")
+                        "running here; several URLs, comma-separated, share a sweep (one job "
+                        "at a time each, their files under --out/HOST-PORT/)")
     p.add_argument("--sweep", metavar="FILE",
                    help='JSON object of values to vary, e.g. {"seed": [1, 2], "3.steps": '
                         '[10, 20]}; keys are NODE.INPUT or prompt / negative / seed')
@@ -72,7 +74,21 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     err = sys.stderr
     client = None
-    if args.server:
+    pool = None
+    if args.server and "," in args.server:
+        try:
+            pool = [Client(url, log=lambda m: print(m, file=err))
+                    for url in server_urls(args.server)]
+            registry = pool[0].registry()
+            for other in pool[1:]:
+                other.object_info()  # every server answers before the first job goes out
+        except ValueError as exc:
+            print(f"error: {exc}", file=err)
+            return INVALID
+        except ServerError as exc:
+            print(f"error: {exc}", file=err)
+            return FAILED
+    elif args.server:
         client = Client(args.server, log=lambda m: print(m, file=err))
         try:
             registry = client.registry()
@@ -112,6 +128,8 @@ def run(args) -> int:
         pending = jobs
 
     display = ProgressDisplay(err, enabled=not args.quiet)
+    if pool is not None:
+        return run_on_servers(pool, pending, len(jobs), args.out, results)
     if client is None:
         return _run_here(pending, len(jobs), args, registry, results, display)
     try:
@@ -136,7 +154,7 @@ def _jobs(workflow: dict, args, registry) -> list[SweepJob]:
 
 
 def _scope(args) -> str:
-    return job_scope(args.out, args.server)
+    return job_scope(args.out, args.server)  # several servers: one pool, not named
 
 
 def _results_log(args) -> ResultsLog | None:

@@ -17,9 +17,9 @@ order: keys in file order, the last key varying fastest.
 
 Every finished job appends one JSON line to the results file. A job's key is a hash of the
 workflow it runs (class types and inputs after the settings are applied) and of where its files
-go (the output folder; with --server also the server), so re-running the same sweep skips the
-jobs that already have a "success" line and a crashed batch resumes where it stopped; changing
-the workflow, a value or the output folder gives new keys.
+go (the output folder; with --server also the server, or "a pool" for several), so re-running
+the same sweep skips the jobs that already have a "success" line and a crashed batch resumes
+where it stopped; changing the workflow, a value or the output folder gives new keys.
 
 Just before a job's video is renamed into place a "writing" line names the file. A job stopped
 between its video and its "success" line (kill -9) thus left a "writing" line whose file exists:
@@ -230,8 +230,11 @@ class ResultsLog:
 
 
 def job_scope(out: str | Path, server: str | None = None) -> str:
-    """Where a job's files go: the resolved output folder, and the server when there is one."""
+    """Where a job's files go: the resolved output folder, and the server when there is one
+    (several servers, "URL1,URL2": a pool whose members are interchangeable, not named)."""
     folder = f"out={Path(out).resolve()}"
+    if server and "," in server:
+        return f"server-pool;{folder}"
     return f"server={server.rstrip('/')};{folder}" if server else folder
 
 

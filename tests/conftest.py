@@ -63,3 +63,24 @@ def unwritable_folder(request, tmp_path):
         yield folder
     finally:
         unlock()
+
+
+# -- worker groups of gloo processes (the several-GPU code on the CPU) ---------------------------
+
+@pytest.fixture(scope="session")
+def gloo_group():
+    """gloo_group(world): a warm group of `world` CPU worker processes, shared by the session's
+    tests (a test that breaks its group gets a fresh one next time)."""
+    from wan_enhanced.distributed.group import WorkerGroup
+
+    groups = {}
+
+    def get(world: int):
+        group = groups.get(world)
+        if group is None or not group.alive:
+            group = groups[world] = WorkerGroup(world, "cpu", start_timeout_s=120).start()
+        return group
+
+    yield get
+    for group in groups.values():
+        group.shutdown()

@@ -202,11 +202,13 @@ class WanBlock(nn.Module):
                                  rows(scale, start, end), eps, compute_dtype)
 
         attn = self.self_attn
+        # over several processes (distributed/sequence_split.py) self-attention spans them all
+        self_attend = getattr(attend, "self_attention", attend)
         chunks = row_chunks(length, groups, attention_rows)
         if len(chunks) == 1:  # one pass: keys and values straight from the projections
             h = normed(0, length, shift_sa, scale_sa)
             k, v = attn.keys_values(h, rope, 0)
-            out = attn.attend_rows(h, rope, 0, k, v, attend)
+            out = attn.attend_rows(h, rope, 0, k, v, self_attend)
             del h
             add_gated_(x, out, gate_sa)
         else:
@@ -214,7 +216,7 @@ class WanBlock(nn.Module):
                                              compute_dtype)
             for start, end in chunks:
                 out = attn.attend_rows(normed(start, end, shift_sa, scale_sa), rope, start, k, v,
-                                       attend)
+                                       self_attend)
                 add_gated_(x[:, start:end], out, rows(gate_sa, start, end))
         del k, v, out
 
@@ -410,7 +412,8 @@ class WanDiT(nn.Module):
                 y: torch.Tensor | None = None, clip_tokens: torch.Tensor | None = None,
                 attention: str = "sdpa", blocks: Iterable[nn.Module] | None = None,
                 compiled: bool = False,
-                between_blocks: Callable[[], None] = lambda: None) -> torch.Tensor:
+                between_blocks: Callable[[], None] = lambda: None,
+                sequence=None) -> torch.Tensor:
         """Velocity prediction, float32, shaped like x.
 
         x: [B, C, F, H, W] noisy latent; y: optional conditioning channels concatenated to x
@@ -419,6 +422,8 @@ class WanDiT(nn.Module):
         `blocks` lets an offloader supply the blocks as they become resident (default: self.blocks).
         compiled: run the blocks through torch.compile (see compiled_block_forward).
         between_blocks(): called before every block; the caller's interrupt check raises there.
+        sequence: this process computes one shard of the token rows, the others of its process
+        group the rest (distributed/sequence_split.py SequenceSplit); the output is whole.
         """
         if y is not None:
             x = torch.cat([x, y.to(x.dtype)], dim=1)
@@ -441,12 +446,19 @@ class WanDiT(nn.Module):
         # compiled graph ran slower and kept more alive (14B 720p, H100: 12.2 s and 16.7 GiB of
         # activations against 11.3 s and 5.8 GiB); the FFN stays chunked either way
         attention_rows = tokens.shape[1] if compiled else None
+        if sequence is not None:  # the attention phases in one pass: one exchange per block
+            tokens, e, e0, rope, attend = sequence.shard(tokens, grid, e, e0, rope, attend,
+                                                         self.config.num_heads)
+            attention_rows = tokens.shape[1]
         for block in (self.blocks if blocks is None else blocks):
             between_blocks()
             args = (tokens, e0, rope, text, image, attend, self.compute_dtype, attention_rows)
             tokens = compiled_forward(block, *args) if compiled else block(*args)
 
-        return self.unpatchify(self.head(tokens, e), grid)
+        out = self.head(tokens, e)
+        if sequence is not None:
+            out = sequence.gather(out)
+        return self.unpatchify(out, grid)
 
 
 _COMPILED_BLOCK_FORWARD = None

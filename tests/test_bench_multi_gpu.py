@@ -1,0 +1,45 @@
+"""bench/multi_gpu.py --quick on gloo CPU processes: its rows, its comparison with the one-GPU
+output and its per-rank metrics (the real run needs 2 or 4 GPUs: bench/run_multi_gpu.sh)."""
+
+import json
+
+from wan_enhanced.bench import multi_gpu
+
+
+def test_quick_run(tmp_path):
+    assert multi_gpu.main(["--quick", "--out", str(tmp_path), "--gpus", "1,2",
+                           "--repeats", "2"]) == 0
+    report = json.loads((tmp_path / "multi_gpu.json").read_text())
+    rows = report["rows"]
+    assert [(r["gpus"], r["fsdp"], r["status"]) for r in rows] == [
+        (1, False, "ok"), (2, False, "ok"), (2, True, "ok")]
+    assert [r["mode"] for r in rows] == ["single", "ulysses", "ulysses"]  # 4 heads over 2
+    for row in rows:
+        assert row["relative_difference"] < 1e-6  # float32: the split equals one process
+        assert len(row["seconds"]) == 2 and row["speedup"] > 0
+        assert [m["rank"] for m in row["ranks"]] == list(range(row["gpus"]))
+    assert rows[1]["ranks"][0]["all_to_all_bytes_per_forward"] > 0
+    assert "fsdp_overhead" in rows[2] and "fsdp_overhead" not in rows[1]
+    whole, shard = rows[1]["ranks"][0]["weight_bytes"], rows[2]["ranks"][0]["weight_bytes"]
+    assert 0.45 * whole < shard < 0.6 * whole
+    assert report["environment"] == {"NCCL_NVLS_ENABLE": "0",
+                                     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    table = (tmp_path / "multi_gpu.md").read_text()
+    assert table.count("| ok |") == 3 and "| 2 | on | ulysses |" in table
+
+
+def test_plan_and_refusals(tmp_path, capsys):
+    assert multi_gpu.plan([1, 2, 4], "both", False) == [(1, False), (2, False), (2, True),
+                                                        (4, False), (4, True)]
+    assert multi_gpu.plan([2], "on", True) == [(1, False)]  # compiled blocks do not shard
+    if not multi_gpu.torch.cuda.is_available():
+        assert multi_gpu.main(["--out", str(tmp_path)]) == 2
+        assert "no CUDA GPU here" in capsys.readouterr().err
+    assert multi_gpu.main(["--quick", "--out", str(tmp_path), "--gpus", "1,99"]) == 2
+    assert "--gpus 99 asked for" in capsys.readouterr().err
+
+
+def test_inputs_have_the_latent_of_the_video():
+    config = multi_gpu.KNOWN_DITS["wan2.1-t2v-14b"].config
+    case = multi_gpu.inputs(config, "832x480x33", quick=False)
+    assert tuple(case.x.shape) == (1, 16, 9, 60, 104) and case.context.shape == (1, 512, 4096)

@@ -1,0 +1,64 @@
+"""`wan-enhanced golden --sequence-parallel N`: the DiT golden files with the model split over
+N gloo processes pass at the single-process accuracy (2 and 3 processes: the files' 2 heads
+divide by 2 (Ulysses) and not by 3 (ring); their 45- and 30-row cases do not divide by 2 or
+by 4 and 3 respectively), and a tampered file still fails."""
+
+import pytest
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from wan_enhanced.conformance.golden_file import GoldenFileError
+from wan_enhanced.distributed.golden import check_file_split
+from wan_enhanced.runner.cli import main
+
+FILES = ["dit_wan21", "dit_wan22_ti2v"]
+
+
+@pytest.mark.parametrize("world,used", [(2, "ulysses"), (3, "ring")])
+@pytest.mark.parametrize("name", FILES)
+def test_split_files_pass_at_single_process_accuracy(golden_dir, gloo_group, world, used, name):
+    report, mode = check_file_split(golden_dir / f"{name}.safetensors", gloo_group(world))
+    assert mode == used
+    assert report.passed and len(report.scores) == (2 if name == "dit_wan21" else 3)
+    assert max(s.max_rel for s in report.scores) < 2e-6  # as the single-process forward
+
+
+def test_uneven_lengths_are_in_the_files(golden_dir):
+    """The claim in this module's docstring: the cases' token counts."""
+    from wan_enhanced.conformance.golden_file import read_golden
+    rows = [c.meta["seq_len"] for n in FILES
+            for c in read_golden(golden_dir / f"{n}.safetensors").cases()]
+    assert rows == [48, 30, 48, 45] and 45 % 2 and 30 % 4
+
+
+def test_tampered_file_fails_split(golden_dir, gloo_group, tmp_path):
+    bad = tmp_path / "dit_wan21.safetensors"
+    with safe_open(str(golden_dir / "dit_wan21.safetensors"), "pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    tensors["output2.y"] = tensors["output2.y"] * 1.001
+    save_file(tensors, str(bad), metadata=meta)
+    report, _ = check_file_split(bad, gloo_group(2))
+    assert [s.passed for s in report.scores] == [True, False]
+
+
+def test_other_kinds_are_refused_by_the_split_check(golden_dir, gloo_group):
+    with pytest.raises(GoldenFileError, match="not a DiT"):
+        check_file_split(golden_dir / "vae21.safetensors", gloo_group(2))
+
+
+def test_command(golden_dir, capsys):
+    files = [str(golden_dir / f"{n}.safetensors") for n in FILES] + \
+        [str(golden_dir / "scheduler_unipc.safetensors")]
+    assert main(["golden", "--sequence-parallel", "3", *files]) == 0
+    out = capsys.readouterr().out
+    assert out.count("split over 3 processes, ring attention") == 2
+    assert "in this process: only DiT files run split" in out
+    assert "3/3 files passed" in out and "FAIL" not in out
+
+
+@pytest.mark.parametrize("value", ["0", "x", "65"])
+def test_bad_process_counts(value, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["golden", "--sequence-parallel", value, "f.safetensors"])
+    assert caught.value.code == 2
+    assert "--sequence-parallel" in capsys.readouterr().err

@@ -78,6 +78,18 @@ def _ranks(ranks: list[int]) -> str:
     return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}..{ranks[-1]}"
 
 
+def check_lora_keys(path: str | Path) -> None:
+    """Raise LoraError (CheckpointError for an unreadable file) unless every key of the file
+    is one of a LoRA format we read; reads the header only."""
+    with open_checkpoint(path) as source:
+        keys = source.keys()
+        if not keys:
+            raise LoraError(f"{source.path}: the file holds no tensors")
+        for key in keys:
+            if split_key(key) is None:
+                raise LoraError(refusal(source.path, key))
+
+
 def open_lora(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> LoraFile:
     """Read a LoRA file's header and place every key on the model whose parameter shapes are
     `shapes` (our names). Raises LoraError (or CheckpointError for an unreadable file); warns

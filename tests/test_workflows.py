@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from wan_enhanced import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, host
-from wan_enhanced.checkpoints.tiny import write_models_folder
+from wan_enhanced.checkpoints.tiny import TINY_DIT, write_dit, write_models_folder
+from wan_enhanced.lora.tiny import random_lora, write_lora
 from wan_enhanced.profiling.events import EventLog
 from wan_enhanced.runner.cli import main
 from wan_enhanced.runner.ui_format import api_to_ui, ui_to_api
@@ -18,7 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 API = sorted((ROOT / "workflows").glob("*.json"))
 SCENARIOS = {"wan22_ti2v_5b_speed_preview", "wan22_ti2v_5b_efficiency", "wan22_ti2v_5b_max_quality",
              "wan22_ti2v_5b_long_duration", "wan21_t2v_1_3b_memory_baseline",
-             "wan21_tiled_decode_comparison"}
+             "wan21_tiled_decode_comparison", "wan22_t2v_a14b_4step_lora"}
+# the A14B experts and their 4-step LoRAs of the LoRA example
+EXPERTS = {"wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
+           "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+           "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors":
+           "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"}
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +37,9 @@ def models(tmp_path_factory):
     write_models_folder(root, dit_name="wan2.1_t2v_1.3B_fp16.safetensors",
                         vae_name="wan_2.1_vae.safetensors",
                         text_encoder_name="umt5_xxl_fp16.safetensors", kind="t2v")
+    for seed, (expert, lora) in enumerate(EXPERTS.items()):
+        write_dit(root / "diffusion_models" / expert, TINY_DIT["t2v"], "comfy_fp8", seed=seed)
+        write_lora(root / "loras" / lora, random_lora(TINY_DIT["t2v"], seed=seed), "generic")
     host.set_headless_folders(models=root)
     yield root
     host.set_headless_folders(models="models")

@@ -16,14 +16,14 @@ from .file import Difference, LoraFile, LowRank, Patch
 
 
 def add_patch_(weight: torch.Tensor, lora: LoraFile, patch: Patch, strength: float) -> None:
-    """weight (float32, contiguous) += strength * the patch's delta."""
+    """weight (float32, contiguous, on any device) += strength * the patch's delta."""
+    where = dict(device=weight.device, dtype=torch.float32)
     if isinstance(patch, LowRank):
-        up = lora.tensor(patch.up).to(torch.float32).flatten(1)
-        down = lora.tensor(patch.down).to(torch.float32).flatten(1)
+        up = lora.tensor(patch.up).to(**where).flatten(1)
+        down = lora.tensor(patch.down).to(**where).flatten(1)
         weight.view(weight.shape[0], -1).addmm_(up, down, alpha=strength * patch.scale)
     else:
-        weight.add_(lora.tensor(patch.key).to(torch.float32).reshape(weight.shape),
-                    alpha=strength)
+        weight.add_(lora.tensor(patch.key).to(**where).reshape(weight.shape), alpha=strength)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The package inside a real ComfyUI: it loads without import errors, every node is listed in
 /object_info with the inputs we declare, the demo workflow runs through /prompt to an MP4, and
 the hostile-workflow corpus (hostile_corpus.py) is refused by /prompt itself at the same node and
-input as by our command line, with nothing written and no server path in the answer.
+input as by our command line, with nothing written and no server path in the answer, and the Wan
+LoRA Loader takes LoRAs from ComfyUI's `loras` folder (names only) in both modes.
 
 Needs a host made by ../shared/tools/comfyui-host.sh (COMFYUI_HOME); skipped without one.
 """
@@ -20,7 +21,8 @@ import pytest
 
 import hostile_corpus as corpus
 from wan_enhanced import NODE_CLASS_MAPPINGS
-from wan_enhanced.checkpoints.tiny import write_models_folder
+from wan_enhanced.checkpoints.tiny import TINY_DIT, write_models_folder
+from wan_enhanced.lora.tiny import random_lora, write_lora
 from wan_enhanced.runner.client import Client, RemoteRunError
 from wan_enhanced.runner.demo_command import DEMO_SETTINGS, WORKFLOW
 from wan_enhanced.runner.overrides import apply_overrides
@@ -33,6 +35,9 @@ pytestmark = pytest.mark.skipif(not (COMFY / "main.py").is_file() or not PYTHON.
                                 reason="no ComfyUI host (set COMFYUI_HOME; see "
                                        "../shared/tools/comfyui-host.sh)")
 PACK = Path(__file__).resolve().parent.parent
+
+
+LORA = "tiny_ti2v_lora.safetensors"
 
 
 def _free_port() -> int:
@@ -48,10 +53,12 @@ def server(tmp_path_factory):
                                  vae_name="wan2.2_vae.safetensors",
                                  text_encoder_name="umt5_xxl_fp16.safetensors", kind="ti2v")
     hostile = corpus.make_setting(root / "hostile")
+    write_lora(models / "loras" / LORA, random_lora(TINY_DIT["ti2v"], seed=1, alpha=2.0), "kohya")
     config = root / "extra_models.yaml"
     config.write_text("".join(
         f"{name}:\n  base_path: {base}\n  diffusion_models: diffusion_models\n"
         f"  text_encoders: text_encoders\n  vae: vae\n  clip_vision: clip_vision\n"
+        f"  loras: loras\n"
         for name, base in (("wan_test", models), ("wan_hostile", hostile.models))))
     link = COMFY / "custom_nodes" / PACK.name
     if not link.exists():
@@ -186,3 +193,50 @@ def test_cross_node_mistakes_are_refused_by_the_first_node_that_knows(server, tm
     with pytest.raises(RemoteRunError) as caught:
         client.run(workflow, tmp_path / "downloads")
     assert message in str(caught.value) and f"node {node}" in str(caught.value)
+
+
+# -- the LoRA loader inside ComfyUI ---------------------------------------------------------------
+
+def _with_lora(workflow: dict, name, mode: str) -> dict:
+    """The demo workflow with a Wan LoRA Loader between the model loader and its users."""
+    workflow = json.loads(json.dumps(workflow))
+    for node in workflow.values():
+        for key, value in node["inputs"].items():
+            if value == ["1", 0]:
+                node["inputs"][key] = ["90", 0]
+    workflow["90"] = {"class_type": "WanEnhancedLoRALoader",
+                      "inputs": {"model": ["1", 0], "lora_name": name, "strength": 0.8,
+                                 "mode": mode}}
+    return workflow
+
+
+def test_lora_loader_lists_the_loras_folder(server):
+    url, _, _ = server
+    info = json.load(urllib.request.urlopen(url + "/object_info/WanEnhancedLoRALoader",
+                                            timeout=30))
+    required = info["WanEnhancedLoRALoader"]["input"]["required"]
+    assert LORA in required["lora_name"][0]
+    assert required["mode"][0] == ["merge", "unmerged"]
+
+
+@pytest.mark.parametrize("mode", ["merge", "unmerged"])
+def test_lora_workflow_runs_through_prompt(server, tmp_path, mode):
+    url, _, _ = server
+    client = Client(url, timeout=60)
+    workflow = apply_overrides(load_workflow(WORKFLOW), list(DEMO_SETTINGS), client.registry())
+    result = client.run(_with_lora(workflow, LORA, mode), tmp_path / "downloads")
+    videos = [f for f in result.files if str(f).endswith(".mp4")]
+    assert result.status == "success" and len(videos) == 1
+
+
+def test_lora_loader_takes_only_names_of_the_loras_folder(server):
+    url, root, _ = server
+    workflow = apply_overrides(load_workflow(WORKFLOW), list(DEMO_SETTINGS),
+                               Client(url, timeout=60).registry())
+    absolute = str(root / "models" / "loras" / LORA)
+    for name in (absolute, "../loras/" + LORA, "missing.safetensors"):
+        status, reply = _post(url, _with_lora(workflow, name, "merge"))
+        assert status == 400, reply
+        errors = reply.get("node_errors", {}).get("90", {}).get("errors", [])
+        assert any(_names_input(e, "lora_name") for e in errors), reply
+        assert str(root) not in json.dumps(reply).replace(json.dumps(absolute)[1:-1], "")

@@ -346,3 +346,21 @@ def test_chain_choices_are_checked(files):
         with_lora(base, files["full"], 1.0, "lazy")
     with pytest.raises(InputError, match="model: expected a WANMODEL"):
         with_lora("not a model", files["full"], 1.0)
+
+
+@pytest.mark.skipif(not (__import__("shutil").which("c++") or __import__("shutil").which("g++")),
+                    reason="torch.compile on the CPU needs a C++ compiler")
+def test_compiled_blocks_follow_unmerged_strength_changes(files):
+    """The wrappers compile with the blocks; a new strength is honoured (the scales are not
+    frozen into the compiled graph)."""
+    from dataclasses import replace
+    base = load_model(files["base"], "fp32", "sdpa")
+    x, t, context = inputs()
+    for strength in (0.8, -0.3):
+        handle = replace(with_lora(base, files["full"], strength, "unmerged"), compile=True)
+        with DevicePlacement("cpu") as placement, DiTPlacement(placement) as dit:
+            dit.place(handle)
+            out = handle.model(x, t, context, compiled=True)
+        expected = reference_forward(files["base"], [(files["full"], strength)])
+        assert relative(out, expected) < 1e-5, strength
+    torch._dynamo.reset()

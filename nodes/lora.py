@@ -45,6 +45,6 @@ class WanLoRALoader:
             handle = with_lora(model, host.resolve_model("loras", lora_name), strength, mode)
         label = (f"LoRA {lora_name} skipped (strength 0)" if handle is model else
                  f"LoRA {lora_name} at {strength} ({mode})")
-        memory_event(label, "load", unique_id, component="lora", file=lora_name,
-                     strength=strength, mode=mode)
+        # (no component size: the weights change when the model computes, not here)
+        memory_event(label, "load", unique_id, lora=lora_name, strength=strength, mode=mode)
         return (handle,)

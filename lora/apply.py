@@ -148,9 +148,18 @@ def _rewrite(model, base_path, quantization, choices, files, keys, now: _Held) -
     reload_tensors(base_path, official_tensors(model), model.config, keys, quantization, merge)
 
 
+# factors already read, by (file, stamp, dtype): another strength of the same LoRA (a new
+# choice) takes them instead of reading the file again
+_READ: "weakref.WeakValueDictionary[tuple, _Factors]" = weakref.WeakValueDictionary()
+
+
 def _read_factors(choice: LoraChoice, lora: LoraFile, stamp, dtype: torch.dtype) -> None:
     cache = choice.factors
     if cache.stamp == stamp and cache.dtype == dtype:
+        return
+    known = _READ.get((str(choice.path), stamp, dtype))
+    if known is not None:
+        cache.terms, cache.stamp, cache.dtype = known.terms, stamp, dtype
         return
     terms: dict[str, list] = {}
     for key, patch in lora.patches.items():
@@ -166,6 +175,7 @@ def _read_factors(choice: LoraChoice, lora: LoraFile, stamp, dtype: torch.dtype)
             tensor = lora.tensor(patch.key).to(dtype, copy=True).contiguous()
             terms.setdefault(module, []).append((kind, (tensor,), 1.0))
     cache.terms, cache.stamp, cache.dtype = terms, stamp, dtype
+    _READ[(str(choice.path), stamp, dtype)] = cache
 
 
 def _install(model: torch.nn.Module, choices: list[LoraChoice]) -> None:

@@ -154,15 +154,20 @@ def test_chains_on_one_base_share_it_and_never_double_a_lora(files):
 
 
 def test_strength_changes_of_unmerged_loras_read_no_weights(files, monkeypatch):
-    reads = []
+    reads, factor_reads = [], []
     real = reload_module.reload_tensors
     monkeypatch.setattr(lora_apply, "reload_tensors",
                         lambda *a, **k: (reads.append(sorted(a[3])), real(*a, **k)))
+    real_tensor = lora_apply.LoraFile.tensor
+    monkeypatch.setattr(lora_apply.LoraFile, "tensor",
+                        lambda self, key: (factor_reads.append(key), real_tensor(self, key))[1])
     base = load_model(files["base"], "fp32", "sdpa")
-    for strength in (1.0, 0.3, -0.6):
-        handle = with_lora(base, files["pairs"], strength, "unmerged")
-        expected = reference_forward(files["base"], [(files["pairs"], strength)])
+    handles = [with_lora(base, files["pairs"], s, "unmerged") for s in (1.0, 0.3, -0.6)]
+    for handle in handles:
+        expected = reference_forward(files["base"], [(files["pairs"], handle.loras[0].strength)])
+        factor_reads.clear()
         assert relative(forward(handle), expected) < 1e-5
+        assert len(factor_reads) == (40 if handle is handles[0] else 0)  # the LoRA read once
     assert reads == []
     merged = with_lora(base, files["pairs"], 0.3, "merge")
     forward(merged)

@@ -84,3 +84,20 @@ def test_the_reference_covers_every_format_and_several_strengths():
     strengths = {s for spec in CASES.values() for _, s in spec["loras"]}
     assert len(strengths) >= 5 and any(s < 0 for s in strengths)
     assert max(len(spec["loras"]) for spec in CASES.values()) >= 4
+
+
+def test_the_committed_inputs_are_what_the_generator_writes(tmp_path):
+    """conformance/lora_inputs.py regenerates the model, LoRA files and cases bit for bit (the
+    reference was computed on exactly these)."""
+    from wan_enhanced.conformance import lora_inputs
+
+    assert lora_inputs.main([str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "cases.json").read_text()) == DESCRIPTION
+    for path in sorted(DATA.glob("*.safetensors")):
+        if path.name == "reference.safetensors":
+            continue
+        with safe_open(str(path), "pt") as committed, \
+                safe_open(str(tmp_path / path.name), "pt") as fresh:
+            assert list(committed.keys()) == list(fresh.keys()), path.name
+            assert all(torch.equal(committed.get_tensor(k), fresh.get_tensor(k))
+                       for k in committed.keys()), path.name

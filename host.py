@@ -99,6 +99,31 @@ def check_interrupt() -> None:
         raise Interrupted("interrupted")
 
 
+# -- the prompt being run -----------------------------------------------------------------------
+
+_headless_prompt: list[str | None] = [None]
+
+
+def begin_prompt(prompt_id: str) -> None:
+    """Headless: the id of the prompt (run) that starts now (our runner calls this)."""
+    _headless_prompt[0] = str(prompt_id)
+
+
+def end_prompt() -> None:
+    _headless_prompt[0] = None
+
+
+def current_prompt_id() -> str | None:
+    """The id of the prompt whose node is running: ComfyUI's (its execution context, set around
+    every node it runs), else the one our runner began, else None."""
+    utils = _comfy("comfy_execution.utils")
+    context = utils.get_executing_context() if utils is not None and hasattr(
+        utils, "get_executing_context") else None
+    if context is not None and getattr(context, "prompt_id", None):
+        return str(context.prompt_id)
+    return _headless_prompt[0]
+
+
 ProgressListener = Callable[[str, int, int], None]
 _listeners: list[ProgressListener] = []
 
@@ -155,15 +180,27 @@ def announce_output(node_id, path: Path) -> None:
 # -- files -------------------------------------------------------------------------------------
 
 _paths = {"models": os.environ.get("WAN_ENHANCED_MODELS", "models"),
-          "output": os.environ.get("WAN_ENHANCED_OUTPUT", "output")}
+          "output": os.environ.get("WAN_ENHANCED_OUTPUT", "output"),
+          "input": os.environ.get("WAN_ENHANCED_INPUT", "input")}
 
 
-def set_headless_folders(models: str | Path | None = None, output: str | Path | None = None):
-    """Folders used without ComfyUI: models/<folder>/ for the loaders, and the output folder."""
+def set_headless_folders(models: str | Path | None = None, output: str | Path | None = None,
+                         input: str | Path | None = None):
+    """Folders used without ComfyUI: models/<folder>/ for the loaders, the output folder, and
+    the input folder LoadImage reads."""
     if models is not None:
         _paths["models"] = str(models)
     if output is not None:
         _paths["output"] = str(output)
+    if input is not None:
+        _paths["input"] = str(input)
+
+
+def input_directory() -> Path:
+    fp = _comfy("folder_paths")
+    if fp is not None:
+        return Path(fp.get_input_directory())
+    return Path(_paths["input"])
 
 
 def list_models(folder: str) -> list[str]:

@@ -36,7 +36,7 @@ from wan_enhanced.wan.tiny_tokenizer import build_spiece_model
 from wan_enhanced.wan.vae21 import WanVAE21
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKFLOW = ROOT / "workflows" / "wan21_t2v_1_3b_memory_baseline.json"
+WORKFLOW = ROOT / "api_workflows" / "wan21_t2v_1_3b_memory_baseline.json"
 GIB = 2 ** 30
 
 

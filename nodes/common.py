@@ -7,6 +7,24 @@ import contextlib
 CATEGORY = "Wan Enhanced"
 
 
+class AnyType(str):
+    """A wire type that fits every other, on an input and on an output.
+
+    ComfyUI's POST /prompt compares a link's output type with the input's through `!=` (equal
+    types fit; a plain "*" is no wildcard there), and its graph editor lets "*" connect to
+    anything. A str "*" whose `!=` always answers False is both: it is sent to the editor as
+    "*", and /prompt (and our runner, runner/workflow.py) find it equal to every type, also
+    when it stands on the right of the comparison (Python asks the subclass first)."""
+
+    def __ne__(self, other) -> bool:
+        return False
+
+    __hash__ = str.__hash__
+
+
+ANY = AnyType("*")
+
+
 class NodeInputError(ValueError):
     """A bad input, reported with the node's display name and the field."""
 

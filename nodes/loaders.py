@@ -19,7 +19,10 @@ COMPILE = ("BOOLEAN", {"default": False, "tooltip": "torch.compile the transform
                        "about a quarter less time per step on a GPU, after a compile of tens of "
                        "seconds for each new video size (needs Triton)"})
 
-WEIGHT_DTYPE = ("how the weights are stored: bf16/fp16/fp32; or the transformer blocks' "
+DTYPE = ("auto: bf16 on a GPU, fp32 on a CPU (a CPU runs bf16 and fp16 many times slower than "
+         "fp32); or bf16/fp16/fp32 as chosen")
+WEIGHT_DTYPE = ("how the weights are stored: auto (bf16 on a GPU, fp32 on a CPU, where bf16 runs "
+                "many times slower), bf16/fp16/fp32; or the transformer blocks' "
                 "matrices quantized (the rest bf16): fp8_e4m3fn (fp8 weights, dequantized per "
                 "matmul), fp8_e4m3fn_fast (fp8 matmul, GPUs of compute capability 8.9+), int8 "
                 "(int8 weights), int8_dynamic (int8 weights and activations). fp8 files load as "
@@ -70,7 +73,7 @@ class WanModelLoader:
     def INPUT_TYPES(cls):
         return {"required": {
             "model_name": _file_choice("diffusion_models"),
-            "weight_dtype": (loading.MODEL_DTYPES, {"default": "bf16", "tooltip": WEIGHT_DTYPE}),
+            "weight_dtype": (loading.MODEL_DTYPES, {"default": "auto", "tooltip": WEIGHT_DTYPE}),
             "attention": (available_backends(), {"default": "auto", "tooltip": ATTENTION}),
         }, "optional": {**OPTIONAL, "compile": COMPILE}, "hidden": HIDDEN}
 
@@ -99,9 +102,10 @@ class WanTextEncoderLoader:
     def INPUT_TYPES(cls):
         return {"required": {
             "text_encoder_name": _file_choice("text_encoders"),
-            "dtype": (list(loading.DTYPES), {"default": "bf16"}),
+            "dtype": (loading.FLOAT_CHOICES, {"default": "auto", "tooltip": DTYPE}),
             "device": (["gpu", "cpu"], {"default": "gpu",
-                                        "tooltip": "where the encoder runs"}),
+                                        "tooltip": "where the encoder runs: gpu uses the GPU "
+                                                   "when there is one, else the CPU"}),
         }, "optional": OPTIONAL, "hidden": HIDDEN}
 
     RETURN_TYPES = ("WANTEXTENCODER",)
@@ -129,7 +133,7 @@ class WanVAELoader:
     def INPUT_TYPES(cls):
         return {"required": {
             "vae_name": _file_choice("vae"),
-            "dtype": (list(loading.DTYPES), {"default": "bf16"}),
+            "dtype": (loading.FLOAT_CHOICES, {"default": "auto", "tooltip": DTYPE}),
         }, "optional": OPTIONAL, "hidden": HIDDEN}
 
     RETURN_TYPES = ("WANVAE",)
@@ -156,7 +160,7 @@ class WanCLIPVisionLoader:
     def INPUT_TYPES(cls):
         return {"required": {
             "clip_name": _file_choice("clip_vision"),
-            "dtype": (list(loading.DTYPES), {"default": "fp16"}),
+            "dtype": (loading.FLOAT_CHOICES, {"default": "auto", "tooltip": DTYPE}),
         }, "hidden": HIDDEN}
 
     RETURN_TYPES = ("WANCLIPVISION",)

@@ -6,7 +6,7 @@ from .. import host
 from ..safe_paths import UnsafePathError, name_problem, path_inside
 from ..profiling.events import LOG_FOLDER
 from .checks import output_file_problem, verdict
-from .common import CATEGORY, node_errors
+from .common import ANY, CATEGORY, node_errors
 
 
 class WanMemoryProbe:
@@ -15,7 +15,7 @@ class WanMemoryProbe:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "value": ("*",),
+            "value": (ANY, {"tooltip": "any value: passed on unchanged"}),
             "label": ("STRING", {"default": "probe"}),
         }, "optional": {
             "save_log": ("STRING", {"default": "", "tooltip": "when set, the run's event log is "
@@ -27,7 +27,7 @@ class WanMemoryProbe:
                                          "the output folder)"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    RETURN_TYPES = ("*",)
+    RETURN_TYPES = (ANY,)  # fits every input, in ComfyUI's editor and in /prompt
     RETURN_NAMES = ("value",)
     FUNCTION = "probe"
     CATEGORY = CATEGORY

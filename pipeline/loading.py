@@ -19,10 +19,27 @@ from ..wan.tokenizer import UMT5Tokenizer
 from .handles import WanCLIPVisionHandle, WanModelHandle, WanTextEncoderHandle, WanVAEHandle
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+AUTO = "auto"  # bf16 where the model computes on a GPU, fp32 where it computes on a CPU
+FLOAT_CHOICES = [*DTYPES, AUTO]
 
 # The model loader's weight_dtype choices: the float dtypes first, in their released order, then
-# the block-matrix quantizations (quant/schemes.py) appended after them.
-MODEL_DTYPES = [*DTYPES, *SCHEMES]
+# the block-matrix quantizations (quant/schemes.py) and auto, appended after them.
+MODEL_DTYPES = [*DTYPES, *SCHEMES, AUTO]
+
+
+def resolve_dtype(name: str, on_gpu: bool | None = None) -> str:
+    """"auto" as bf16 where the model computes on a GPU and fp32 on a CPU, where bf16 and fp16
+    matrix products run many times slower than fp32 (a CPU-only ComfyUI); another name as it
+    is, with a warning when it is a half type on the CPU. `on_gpu`: where the model computes
+    (default: the host's compute device)."""
+    if on_gpu is None:
+        on_gpu = host.compute_device().type != "cpu"
+    if name == AUTO:
+        return "bf16" if on_gpu else "fp32"
+    if name in ("bf16", "fp16") and not on_gpu:
+        warn_once(f"{name} weights on the CPU: matrix products in {name} run many times slower "
+                  f"there than in fp32; 'auto' picks fp32 on a CPU")
+    return name
 
 
 def _dtype(name: str, field: str) -> torch.dtype:
@@ -42,6 +59,7 @@ def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "auto",
     if attention not in available_backends():
         raise CheckpointError(f"attention: {attention!r} is not available here; available: "
                               f"{available_backends()}")
+    weight_dtype = resolve_dtype(weight_dtype)
     attention = resolve_backend(attention, weight_dtype)
     _check_attention(attention)
     if weight_dtype in SCHEMES:
@@ -74,12 +92,13 @@ def _check_fast_fp8(weight_dtype: str) -> None:
 
 
 def load_vae_handle(path: Path, dtype: str = "bf16", keep_on_gpu: bool = False) -> WanVAEHandle:
-    model, info = load_vae(path, _dtype(dtype, "dtype"))
+    model, info = load_vae(path, _dtype(resolve_dtype(dtype), "dtype"))
     return WanVAEHandle(_resident(model, keep_on_gpu), info, info.component)
 
 
 def load_clip_vision_handle(path: Path, dtype: str = "fp16") -> WanCLIPVisionHandle:
-    return WanCLIPVisionHandle(load_clip_vision(path, _dtype(dtype, "dtype")), Path(path))
+    return WanCLIPVisionHandle(load_clip_vision(path, _dtype(resolve_dtype(dtype), "dtype")),
+                               Path(path))
 
 
 def find_tokenizer(path: Path, embedded: bytes | None) -> UMT5Tokenizer:
@@ -101,7 +120,8 @@ def load_text_encoder_handle(path: Path, dtype: str = "bf16", device: str = "gpu
                              keep_on_gpu: bool = False) -> WanTextEncoderHandle:
     if device not in ("gpu", "cpu"):
         raise CheckpointError(f"device: {device!r} is not 'gpu' or 'cpu'")
-    model, spiece, info = load_text_encoder(path, _dtype(dtype, "dtype"))
+    on_gpu = device == "gpu" and host.compute_device().type != "cpu"
+    model, spiece, info = load_text_encoder(path, _dtype(resolve_dtype(dtype, on_gpu), "dtype"))
     try:
         tokenizer = find_tokenizer(Path(path), spiece)
     except (OSError, ValueError) as exc:

@@ -2,8 +2,9 @@
 
 LATENT follows ComfyUI: samples are raw VAE latents (not normalised), float32 on the CPU. The
 DiT works on normalised latents, so they are normalised on the way in and restored on the way
-out. CONDITIONING follows ComfyUI too: [[rows [1, L, 4096], {...}], ...]; ours and ComfyUI's own
-umT5 encoding both work.
+out. CONDITIONING follows ComfyUI too: [[rows [1, L, 4096], {...}]]; ours and ComfyUI's own
+umT5 encoding both work. The keys either may carry (a start image, ComfyUI's noise_mask and
+WanImageToVideo's keys) are read by sampler_inputs.py (contracts.py lists them).
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import torch
 from .. import host
 from ..sampling.experts import ExpertPair, SingleModel
 from ..sampling.loop import denoise as run_denoise
-from ..sampling.loop import checked_first_frame, make_noise, noise_latent
+from ..sampling.loop import noise_latent
 from ..sampling.solvers import SOLVER_NAMES, make_schedule, make_solver
 from ..wan.configs import EXPERT_BOUNDARY
 from .handles import WanModelHandle
 from .dit_placement import DiTPlacement
 from .placement import DevicePlacement
 from .errors import InputError
+from .native_keys import noise_for
+from .sampler_inputs import gather_inputs
 
 
 
@@ -45,45 +48,6 @@ class SamplerSettings:
     prefetch_blocks: int = 1
 
 
-def conditioning_rows(conditioning, field: str, width: int = 4096) -> torch.Tensor:
-    """The text rows [1, L, width] of a CONDITIONING value (umT5-xxl: width 4096)."""
-    try:
-        rows = conditioning[0][0]
-    except (TypeError, IndexError, KeyError):
-        raise InputError(f"{field}: expected CONDITIONING ([[tensor, dict]]), got "
-                         f"{type(conditioning).__name__}") from None
-    if not isinstance(rows, torch.Tensor) or rows.dim() != 3:
-        raise InputError(f"{field}: expected conditioning rows [1, L, {width}], got "
-                         f"{getattr(rows, 'shape', type(rows).__name__)}")
-    if rows.shape[-1] != width:
-        raise InputError(f"{field}: conditioning of width {rows.shape[-1]}; this model takes "
-                         f"text rows of width {width} (umT5-xxl; was another text encoder used?)")
-    return rows
-
-
-def check_latent(latent, model: WanModelHandle, field: str = "latent") -> torch.Tensor:
-    samples = latent.get("samples") if isinstance(latent, dict) else None
-    if not isinstance(samples, torch.Tensor) or samples.dim() != 5:
-        raise InputError(f"{field}: expected a video LATENT {{'samples': [B, C, T, H, W]}}")
-    channels = model.latent_channels
-    if samples.shape[1] != channels:
-        raise InputError(f"{field}: the latent has {samples.shape[1]} channels; {model.name} "
-                         f"works on {channels}-channel latents ({model.vae_kind} VAE)")
-    return samples
-
-
-def check_first_frame(latent: dict, samples: torch.Tensor) -> torch.Tensor | None:
-    """The LATENT's fixed first frame (image-to-video, pipeline/start_image.py), if it has one,
-    checked as the denoise loop will take it."""
-    first = latent.get("first_frame")
-    if first is None:
-        return None
-    try:
-        return checked_first_frame(first, samples)
-    except ValueError as error:
-        raise InputError(f"latent: its {error}") from None
-
-
 def expert_boundary(boundary: float | None, model: WanModelHandle) -> float:
     """The switch point of an A14B pair: as given, or the one its kind was released with (the
     I2V experts take 20 image channels beside the 16 latent ones)."""
@@ -91,49 +55,6 @@ def expert_boundary(boundary: float | None, model: WanModelHandle) -> float:
         return boundary
     image_to_video = model.config.in_dim > model.latent_channels
     return EXPERT_BOUNDARY["i2v" if image_to_video else "t2v"]
-
-
-def check_image_condition(latent: dict, samples: torch.Tensor,
-                          model: WanModelHandle) -> torch.Tensor | None:
-    """The channels an image-to-video model takes beside the latent (pipeline/start_image.py):
-    present exactly when the model has input channels for them."""
-    wanted = model.config.in_dim - samples.shape[1]
-    condition = latent.get("image_condition")
-    if wanted == 0:
-        if condition is not None:
-            raise InputError(f"latent: it carries a start image for an image-to-video model; "
-                             f"{model.name} takes none")
-        return None
-    if condition is None:
-        raise InputError(f"latent: {model.name} is an image-to-video model; give it the LATENT "
-                         f"of Wan Image to Video Latent (its start image)")
-    b, _, t, h, w = samples.shape
-    if not isinstance(condition, torch.Tensor) or condition.dim() != 5 \
-            or tuple(condition.shape[1:]) != (wanted, t, h, w) or condition.shape[0] not in (1, b):
-        shape = list(condition.shape) if isinstance(condition, torch.Tensor) else \
-            type(condition).__name__
-        raise InputError(f"latent: its image_condition {shape} does not fit {model.name}; "
-                         f"expected [{b}, {wanted}, {t}, {h}, {w}]")
-    return condition.expand(b, -1, -1, -1, -1)
-
-
-def check_clip_tokens(latent: dict, samples: torch.Tensor,
-                      model: WanModelHandle) -> torch.Tensor | None:
-    """The start image's CLIP tokens, present exactly when the model attends to them (Wan2.1
-    image-to-video)."""
-    tokens = latent.get("clip_tokens")
-    if not model.config.image_embedding:
-        return None
-    b = samples.shape[0]
-    if tokens is None:
-        raise InputError(f"latent: {model.name} also attends to the start image's CLIP tokens; "
-                         f"give Wan Image to Video Latent a clip_vision input")
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 3 \
-            or tokens.shape[2] != model.config.image_dim or tokens.shape[0] not in (1, b):
-        shape = list(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-        raise InputError(f"latent: its clip_tokens {shape} do not fit {model.name}; expected "
-                         f"[{b}, tokens, {model.config.image_dim}]")
-    return tokens.expand(b, -1, -1)
 
 
 def check_finite(settings: SamplerSettings) -> None:
@@ -171,14 +92,11 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
            on_step: Callable[[int, int], None] | None = None) -> dict:
     """Denoise `latent` and return a new LATENT (CPU, float32, raw VAE space)."""
     device = torch.device(device) if device is not None else host.compute_device()
-    clean = check_latent(latent, model)
-    first_frame = check_first_frame(latent, clean)
-    condition = check_image_condition(latent, clean, model)
-    clip_tokens = check_clip_tokens(latent, clean, model)
-    width = model.config.text_dim
-    cond = conditioning_rows(positive, "positive", width)
-    uncond = conditioning_rows(negative, "negative", width) if settings.cfg != 1 or (
-        settings.cfg_low_noise not in (None, 1)) else None
+    inputs = gather_inputs(model, positive, negative, latent, settings.cfg != 1 or (
+        settings.cfg_low_noise not in (None, 1)))
+    clean, cond, uncond = inputs.samples, inputs.cond, inputs.uncond
+    first_frame, condition, clip_tokens = (inputs.fixed_frames, inputs.image_condition,
+                                           inputs.clip_tokens)
     if low_noise_model is not None:
         if low_noise_model.config != model.config.renamed(low_noise_model.config.name):
             raise InputError(f"low_noise_model: {low_noise_model.name} does not have the shape "
@@ -193,7 +111,7 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     from .memory_guard import check_sampling  # before the first latent-sized allocation
     check_sampling(model, clean.shape, device, settings.block_swap, settings.prefetch_blocks)
 
-    noise = make_noise(clean.shape, settings.seed)
+    noise = noise_for(latent, clean.shape, settings.seed)
     if settings.denoise < 1:
         start = noise_latent(fmt.normalise(clean), noise, schedule)
     else:

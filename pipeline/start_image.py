@@ -25,6 +25,7 @@ from .decode import VAE_NAMES
 from .handles import WanCLIPVisionHandle, WanModelHandle, WanVAEHandle
 from .latents import empty_latent
 from .placement import DevicePlacement
+from .contracts import CLIP_TOKENS, FIRST_FRAME, IMAGE_CONDITION
 from .errors import InputError
 
 IMAGE_CONDITION_CHANNELS = 20  # 4 mask channels and 16 latent channels
@@ -92,12 +93,12 @@ def image_to_video_latent(model: WanModelHandle, vae: WanVAEHandle, image, width
         raise InputError(f"vae: {vae.name} encodes {width}x{height} to {list(encoded.shape)}, "
                          f"which does not fit the model's latent {list(samples.shape)}")
     if first_frame:
-        latent["first_frame"] = encoded
+        latent[FIRST_FRAME] = encoded
     else:
-        latent["image_condition"] = torch.cat(
+        latent[IMAGE_CONDITION] = torch.cat(
             [first_frame_mask(encoded), model.latent_format.normalise(encoded)], dim=1)
     if config.image_embedding:
-        latent["clip_tokens"] = _per_item(
+        latent[CLIP_TOKENS] = _per_item(
             clip_image_tokens(clip_vision, image, config.image_dim, device), batch)
     return latent
 

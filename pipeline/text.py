@@ -28,11 +28,20 @@ def encode_prompts(handle: WanTextEncoderHandle, prompts: list[str]) -> list[tor
     embedding_device = model.token_embedding.weight.device
     with DevicePlacement(device) as placement, torch.no_grad():
         placement.place(model.norm)
-        hidden = model(ids.to(embedding_device), mask, device=device,
-                       blocks=placement.stream(model.blocks))
+        blocks = _with_progress(placement.stream(model.blocks), len(model.blocks))
+        hidden = model(ids.to(embedding_device), mask, device=device, blocks=blocks)
         rows = (hidden.float() * mask.to(device)[..., None]).to("cpu")
         del hidden
     return [rows[i:i + 1] for i in range(rows.shape[0])]
+
+
+def _with_progress(blocks, total: int, label: str = "Wan Text Encode"):
+    """The blocks, with a progress update (and, inside ComfyUI, an interrupt check) after each:
+    a CPU encode of the full umT5 takes minutes."""
+    progress = host.Progress(total, label)
+    for index, block in enumerate(blocks, 1):
+        yield block
+        progress.update_to(index)
 
 
 def as_conditioning(rows: torch.Tensor) -> list:

@@ -1,7 +1,9 @@
 """The memory event log: one JSON file per run, one event per point of interest.
 
-Nodes record events through the process-wide current log (`record_event("vae decode done",
-stage="decode", node="12")`); the memory probe node and the reports read the saved file.
+Nodes record events through the current log (`record_event("vae decode done", stage="decode",
+node="12")`); the memory probe node and the reports read the saved file. A run is one prompt:
+inside ComfyUI (and in our runner) the first event of a new prompt begins a new log carrying the
+prompt's id, so a long-running server keeps no log across prompts.
 
 File schema "wan-enhanced-memory-events/1":
 
@@ -9,6 +11,7 @@ File schema "wan-enhanced-memory-events/1":
       "schema": "wan-enhanced-memory-events/1",
       "run": {
         "id": "20250101-120000-1a2b3c",     sortable, unique per run
+        "prompt_id": "6f1c…" | null,        the ComfyUI prompt (or our runner's run) it records
         "started": 1735732800.0,            time.time() when the log began (same clock as events)
         "started_iso": "2025-01-01T12:00:00+00:00",
         "host": {
@@ -86,7 +89,7 @@ class EventLog:
     """Memory events of one run. Appends are thread-safe; at most `max_events` are kept."""
 
     def __init__(self, path: str | Path | None = None, max_events: int = DEFAULT_MAX_EVENTS,
-                 device=None):
+                 device=None, prompt_id: str | None = None):
         if max_events < 1:
             raise ValueError(f"max_events must be at least 1, got {max_events}")
         self._lock = threading.Lock()
@@ -99,6 +102,7 @@ class EventLog:
         started = datetime.datetime.now(datetime.timezone.utc)
         self.run = {
             "id": started.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3),
+            "prompt_id": prompt_id,
             "started": started.timestamp(),
             "started_iso": started.isoformat(timespec="seconds"),
             "host": host_info(device),
@@ -202,12 +206,21 @@ _current_lock = threading.Lock()
 
 
 def current_log() -> EventLog:
-    """The log nodes record into; created on first use."""
+    """The log nodes record into: the current prompt's (host.current_prompt_id). A prompt other
+    than the log's begins a new log with its id; a log begun by start_run that is still empty
+    takes the prompt's id instead; outside any prompt the log made on first use is kept."""
     global _current
+    prompt_id = host.current_prompt_id()
     with _current_lock:
-        if _current is None:
-            _current = EventLog()
-        return _current
+        log = _current
+        if log is None:
+            log = _current = EventLog(prompt_id=prompt_id)
+        elif prompt_id is not None and log.run.get("prompt_id") != prompt_id:
+            if log.run.get("prompt_id") is None and len(log) == 0:
+                log.run["prompt_id"] = prompt_id
+            else:
+                log = _current = EventLog(prompt_id=prompt_id)
+        return log
 
 
 def start_run(path: str | Path | None = None, max_events: int = DEFAULT_MAX_EVENTS,

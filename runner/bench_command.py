@@ -24,7 +24,7 @@ from ..profiling.events import start_run
 from ..profiling.report_data import step_number
 from .bench_models import ensure_model_set
 
-WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
+WORKFLOWS = Path(__file__).resolve().parent.parent / "api_workflows"
 GIB = 2 ** 30
 
 

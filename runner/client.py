@@ -3,13 +3,24 @@
 One run: open the websocket /ws?clientId=... first (so no message is missed), POST /prompt, read
 messages until `executing` with node null for our prompt_id, GET /history/{prompt_id}, then
 download every file the outputs' ui dicts list through GET /view. /history is also polled every
-few seconds, so a lost websocket only slows the run down. Ctrl-C while waiting removes the prompt
-from the queue and interrupts it on the server (POST /queue, POST /interrupt).
+few seconds, so a lost websocket only slows the run down.
+
+A run is a failure unless the server ran the whole workflow: a POST answer that lists
+`node_errors` (ComfyUI then queues only the outputs that passed validation; the client takes the
+prompt off the queue again) and a run in which none of the workflow's output nodes produced an
+output are reported with the server's messages, like a refused prompt or a node that failed.
+
+Ctrl-C removes the prompt from the queue and interrupts it on the server (POST /queue, POST
+/interrupt). The prompt id is chosen here, so this works from the moment the prompt is posted;
+while a run is followed, only the first Ctrl-C raises: any further one, however soon after, is
+counted and cannot cut the cancel requests short.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -24,6 +35,7 @@ from .executor import EventCallback, RunEvent, ui_file_entries
 from .workflow import Issue, node_title
 
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
+CANCEL_TIMEOUT_S = 10.0  # each of the two cancel requests
 
 
 class ServerError(RuntimeError):
@@ -36,6 +48,7 @@ class PromptRejected(ServerError):
     def __init__(self, error: Mapping, node_errors: Mapping, workflow: Mapping):
         self.error, self.node_errors = dict(error or {}), dict(node_errors or {})
         self.errors = _node_issues(self.node_errors, workflow)
+        self.prompt_id: str | None = None  # set when the server had queued a part of it
         headline = self.error.get("message") or "invalid prompt"
         details = self.error.get("details")
         lines = [f"ComfyUI rejected the workflow: {headline}"]
@@ -58,6 +71,21 @@ class RemoteRunError(ServerError):
         self.traceback = "".join(data.get("traceback") or [])
         super().__init__(f"node {self.node_id} ({self.node_type}) failed on the server: "
                          f"{self.exception_type}: {self.exception_message}")
+
+
+class MissingOutputs(RemoteRunError):
+    """The server reports the prompt done, but none of the workflow's output nodes produced an
+    output."""
+
+    def __init__(self, prompt_id: str, expected: list[str], workflow: Mapping):
+        self.prompt_id, self.expected = prompt_id, expected
+        self.node_id = self.node_type = None
+        self.exception_type, self.traceback = "missing outputs", ""
+        labels = ", ".join(f"{n} ({(workflow.get(n) or {}).get('class_type', '?')})"
+                           for n in expected)
+        self.exception_message = (f"prompt {prompt_id} finished, but none of the workflow's "
+                                  f"output nodes produced an output: {labels}")
+        ServerError.__init__(self, self.exception_message)
 
 
 class RemoteInterrupted(ServerError):
@@ -90,11 +118,34 @@ class Client:
         # A local server is never reached through an HTTP proxy from the environment.
         handlers = [urllib.request.ProxyHandler({})] if host in LOOPBACK else []
         self._opener = urllib.request.build_opener(*handlers)
+        self._object_info: dict | None = None
 
     # -- HTTP ----------------------------------------------------------------------------------
 
     def object_info(self) -> dict:
-        return self._json("GET", "/object_info")
+        """The server's node classes (read once per client)."""
+        if self._object_info is None:
+            self._object_info = self._json("GET", "/object_info")
+        return self._object_info
+
+    def _check_outputs(self, prompt_id: str, workflow: Mapping, outputs: Mapping) -> None:
+        """Raise MissingOutputs when the workflow has output nodes and none of them produced
+        an output; name in the log those that produced none while others did."""
+        try:
+            info = self.object_info()
+        except ServerError as exc:
+            self.log(f"warning: cannot check the outputs ({exc})")
+            return
+        expected = sorted((node_id for node_id, node in workflow.items()
+                           if isinstance(node, Mapping) and isinstance(
+                               info.get(node.get("class_type")), Mapping)
+                           and info[node["class_type"]].get("output_node")), key=str)
+        if expected and not set(expected) & set(outputs):
+            raise MissingOutputs(prompt_id, expected, workflow)
+        for node_id in expected:
+            if node_id not in outputs:
+                self.log(f"warning: output node {node_id} "
+                         f"({workflow[node_id].get('class_type')}) produced no output")
 
     def registry(self) -> dict[str, type]:
         """Stand-in node classes built from /object_info: enough to type --set values and
@@ -102,8 +153,13 @@ class Client:
         return {name: _stand_in(name, info) for name, info in self.object_info().items()
                 if isinstance(info, Mapping)}
 
-    def submit(self, workflow: Mapping, extra_data: Mapping | None = None) -> str:
-        body = {"prompt": workflow, "client_id": self.client_id}
+    def submit(self, workflow: Mapping, extra_data: Mapping | None = None,
+               prompt_id: str | None = None) -> str:
+        """Queue the workflow under `prompt_id` (made here when not given). Raises
+        PromptRejected when the server refuses it, or queues only part of it (node_errors in a
+        200 answer: that part is taken off the queue again)."""
+        prompt_id = prompt_id or str(uuid.uuid4())
+        body = {"prompt": workflow, "client_id": self.client_id, "prompt_id": prompt_id}
         if extra_data:
             body["extra_data"] = dict(extra_data)
         status, reply = self._call("POST", "/prompt", body)
@@ -114,7 +170,16 @@ class Client:
         if status != 200 or not isinstance(reply, Mapping) or "prompt_id" not in reply:
             raise ServerError(f"POST /prompt on {self.base} answered {status}: "
                               f"{_short(reply)}")
-        return str(reply["prompt_id"])
+        prompt_id = str(reply["prompt_id"])
+        if reply.get("node_errors"):
+            self.cancel(prompt_id)
+            rejected = PromptRejected({"message": "some of the workflow's outputs failed "
+                                                  "validation (the server queued only the "
+                                                  "others; the prompt was taken off its queue)"},
+                                      reply["node_errors"], workflow)
+            rejected.prompt_id = prompt_id
+            raise rejected
+        return prompt_id
 
     def history(self, prompt_id: str) -> dict | None:
         """The finished prompt's entry, or None while it is queued or running."""
@@ -126,11 +191,12 @@ class Client:
         self._call("POST", "/interrupt", {"prompt_id": prompt_id} if prompt_id else {})
 
     def cancel(self, prompt_id: str) -> None:
-        """Remove the prompt if it is still queued, and stop it if it is running."""
+        """Remove the prompt if it is still queued, and stop it if it is running (both are sent
+        whatever the first answers; a prompt the server does not know is left alone)."""
         for method, path, body in (("POST", "/queue", {"delete": [prompt_id]}),
                                    ("POST", "/interrupt", {"prompt_id": prompt_id})):
             try:
-                self._call(method, path, body)
+                self._call(method, path, body, timeout=min(self.timeout, CANCEL_TIMEOUT_S))
             except ServerError as exc:
                 self.log(f"warning: {exc}")
 
@@ -164,12 +230,13 @@ class Client:
             raise ServerError(f"{method} {path} on {self.base} answered {status}: {_short(reply)}")
         return reply
 
-    def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def _call(self, method: str, path: str, body: Any = None,
+              timeout: float | None = None) -> tuple[int, Any]:
         data = json.dumps(body).encode("utf-8") if body is not None else None
         request = urllib.request.Request(self.base + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
         try:
-            with self._opener.open(request, timeout=self.timeout) as reply:
+            with self._opener.open(request, timeout=timeout or self.timeout) as reply:
                 return reply.status, _decode(reply.read())
         except urllib.error.HTTPError as exc:
             return exc.code, _decode(exc.read())
@@ -184,20 +251,23 @@ class Client:
         """Queue the workflow, wait for it, download its files. Raises PromptRejected,
         RemoteRunError, RemoteInterrupted (also after Ctrl-C) or ServerError."""
         started = time.perf_counter()
-        ws = self._connect()
-        try:
-            prompt_id = self.submit(workflow)
+        prompt_id = str(uuid.uuid4())
+        with _FirstCtrlCOnly():
+            ws = self._connect()
             try:
-                entry = self._wait(ws, prompt_id, _Tracker(workflow, on_event))
-            except KeyboardInterrupt:
-                self.cancel(prompt_id)
-                raise RemoteInterrupted(prompt_id, f"interrupted: asked {self.base} to stop "
-                                                   f"prompt {prompt_id}") from None
-        finally:
-            if ws is not None:
-                _close_quietly(ws)
+                try:
+                    self.submit(workflow, prompt_id=prompt_id)
+                    entry = self._wait(ws, prompt_id, _Tracker(workflow, on_event))
+                except KeyboardInterrupt:
+                    self.cancel(prompt_id)
+                    raise RemoteInterrupted(prompt_id, f"interrupted: asked {self.base} to "
+                                                       f"stop prompt {prompt_id}") from None
+            finally:
+                if ws is not None:
+                    _close_quietly(ws)
         _raise_if_failed(prompt_id, entry)
         outputs = {k: v for k, v in (entry.get("outputs") or {}).items() if isinstance(v, dict)}
+        self._check_outputs(prompt_id, workflow, outputs)
         files = self.download_outputs(outputs, out_dir)
         status = (entry.get("status") or {}).get("status_str", "success")
         return ServerRunResult(prompt_id, outputs, [str(f) for f in files],
@@ -264,6 +334,35 @@ class Client:
         if isinstance(message, bytes) or not message:  # preview images, control frames
             return ws, None
         return ws, message
+
+
+class _FirstCtrlCOnly:
+    """While a prompt is followed (main thread only): the first SIGINT raises
+    KeyboardInterrupt, as Python's own handler does; later ones are counted and ignored, so two
+    signals a few microseconds apart cannot interrupt the cancel requests the first one
+    started. The previous handler is back afterwards."""
+
+    def __init__(self):
+        self.count, self.installed, self.previous = 0, False, None
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            raise KeyboardInterrupt
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self.previous = signal.signal(signal.SIGINT, self._handle)
+                self.installed = True
+            except ValueError:  # not the main interpreter
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, self.previous if self.previous is not None
+                          else signal.default_int_handler)
 
 
 class _Tracker:

@@ -20,7 +20,7 @@ from .run_command import FAILED, INVALID
 from ..profiling.events import current_log, start_run
 from ..profiling.report import build_report
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / "wan22_ti2v_5b_speed_preview.json"
+WORKFLOW = Path(__file__).resolve().parent.parent / "api_workflows" / "wan22_ti2v_5b_speed_preview.json"
 
 # The speed preview at 1280x704x121 in fp32 on a CPU, shrunk to fit a demo: a small frame and
 # clip, CPU-friendly dtypes, the encoder on the CPU.

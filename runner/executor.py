@@ -124,6 +124,7 @@ def execute(validated: ValidatedWorkflow, registry: Registry, *,
     check_supported(validated, registry)
     run_id = run_id or uuid.uuid4().hex
     host.clear_interrupt()
+    host.begin_prompt(run_id)  # the memory event log of this run (profiling/events.py)
     meter = _PeakMeter()
     started = time.perf_counter()
     run = _Run(validated, registry, on_event, extra_pnginfo)
@@ -135,6 +136,7 @@ def execute(validated: ValidatedWorkflow, registry: Registry, *,
         failure = run.describe_failure(exc)
     finally:
         host.remove_progress_listener(run.on_progress)
+        host.end_prompt()
         outputs, node_seconds = run.ui, run.node_seconds
         run.drop_everything()
         del run

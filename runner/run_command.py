@@ -49,6 +49,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--models", metavar="DIR",
                    help="models folder for in-process runs (holds diffusion_models/, "
                         "text_encoders/, vae/)")
+    p.add_argument("--input", metavar="DIR",
+                   help="input folder for in-process runs: where LoadImage finds its image "
+                        "(default: ./input; an absolute path in the workflow also works)")
     p.add_argument("--out", metavar="DIR", default="output",
                    help="output folder (default: ./output); with --server, where the outputs "
                         "are downloaded")
@@ -77,7 +80,7 @@ def run(args) -> int:
             print(f"error: {exc}", file=err)
             return FAILED
     else:
-        host.set_headless_folders(args.models, args.out)
+        host.set_headless_folders(args.models, args.out, args.input)
         registry = _local_registry()
     try:
         workflow = load_workflow(args.workflow, registry)
@@ -122,8 +125,8 @@ def run(args) -> int:
 # -- jobs --------------------------------------------------------------------------------------
 
 def _local_registry() -> Mapping[str, type]:
-    from .. import NODE_CLASS_MAPPINGS  # read at call time: the registry fills in as nodes load
-    return NODE_CLASS_MAPPINGS
+    from .headless_nodes import local_registry
+    return local_registry()
 
 
 def _jobs(workflow: dict, args, registry) -> list[SweepJob]:

@@ -65,6 +65,8 @@ def api_to_ui(workflow: dict, registry: dict) -> dict:
                 widgets.append(value)
                 if options.get("control_after_generate"):
                     widgets.append("fixed")
+                if options.get("image_upload"):
+                    widgets.append("image")  # the frontend's upload button saves a value
                 continue
             link_id = None
             if isinstance(value, list):
@@ -143,7 +145,8 @@ def ui_to_api(graph: dict, registry: dict, source: str | None = None) -> dict:
                                         node_id, class_type, input_name=name))
                     break
                 inputs[name] = values.pop(0)
-                if options.get("control_after_generate") and values:
+                if (options.get("control_after_generate") or options.get("image_upload")) \
+                        and values:
                     values.pop(0)
         api[node_id] = {"class_type": class_type, "inputs": inputs}
         if node.get("title"):

@@ -6,7 +6,9 @@ every problem before anything runs instead of stopping at the first one:
 - every node names a known class_type, and at least one node is an output node;
 - for each node that leads to an output node: required inputs are present; links are
   [node_id, output_index] pairs pointing to an existing node and output; the linked output's type
-  fits the input's type ("*" fits anything, "A,B" lists alternatives); constants convert to the
+  fits the input's type as ComfyUI decides it (types_compatible: equal, or "A,B" alternatives
+  sharing one; a plain "*" is no wildcard, an any-type whose != says False fits all); constants
+  convert to the
   declared INT/FLOAT/STRING/BOOLEAN and lie within min/max, combo values are one of the choices
   (inputs named as VALIDATE_INPUTS parameters skip those checks, as in ComfyUI); VALIDATE_INPUTS
   accepts the constants;
@@ -283,15 +285,17 @@ def _check_link(nodes: dict, registry: Registry, node_id: str, name: str, link: 
 
 
 def types_compatible(received: Any, expected: Any) -> bool:
-    """ComfyUI's rule: equal types, or comma-separated alternatives that share one type;
-    "*" on either side fits anything."""
-    if received == expected:
+    """ComfyUI's rule (validate_node_input in comfy_execution/validation.py): types that are
+    not unequal (`!=`, so that an any-type str whose != answers False, nodes/common.py AnyType,
+    fits everything, on either side), or comma-separated alternatives that share one type. A
+    plain "*" string is an ordinary type there: it fits only "*"."""
+    if not received != expected:
         return True
     if not isinstance(received, str) or not isinstance(expected, str):
         return False
     have = {t.strip() for t in received.split(",")}
     want = {t.strip() for t in expected.split(",")}
-    return ANY_TYPE in have or ANY_TYPE in want or bool(have & want)
+    return bool(have & want)
 
 
 def check_constant(input_type: Any, options: Mapping, value: Any,

@@ -3,7 +3,7 @@
 Model contract: `model(x, t, cond) -> v`
 - x: float32 [B, C, F, H, W], the current sample (batch 2B when cond and uncond are batched);
 - t: float32 [B], the step's timestep on the 0..1000 scale, or [B, F] (one per latent frame)
-  when a fixed first frame is used: 0 for frame 0, the step's timestep for the others;
+  when fixed first frames are used: 0 for those, the step's timestep for the others;
 - cond: the caller's conditioning, passed through untouched;
 - v: the velocity, shape of x, any float dtype (the loop works in float32).
 Where the model runs (GPU, offloaded blocks, several GPUs, quantized weights) is the model
@@ -28,24 +28,24 @@ StepCallback = Callable[[int, int, torch.Tensor], None]
 __all__ = ["denoise", "make_noise", "noise_latent", "StepCallback"]
 
 
-def _model_timesteps(value: float, x: torch.Tensor, fixed_first_frame: bool) -> torch.Tensor:
+def _model_timesteps(value: float, x: torch.Tensor, fixed_frames: int) -> torch.Tensor:
     batch, frames = x.shape[0], x.shape[2]
-    if not fixed_first_frame:
+    if not fixed_frames:
         return torch.full((batch,), value, dtype=torch.float32, device=x.device)
     t = torch.full((batch, frames), value, dtype=torch.float32, device=x.device)
-    t[:, 0] = 0.0  # the given frame is clean
+    t[:, :fixed_frames] = 0.0  # the given frames are clean
     return t
 
 
 def checked_first_frame(first_frame: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """`first_frame` as [B or 1, C, 1, H, W] float32 beside the sample `x`; ValueError when it
-    does not fit."""
+    """`first_frame` as [B or 1, C, k, H, W] float32 beside the sample `x` (k leading frames,
+    fewer than x has); ValueError when it does not fit."""
     if not isinstance(first_frame, torch.Tensor):
         raise ValueError(f"first_frame is a {type(first_frame).__name__}, not a tensor")
     if first_frame.dim() == 4:
         first_frame = first_frame.unsqueeze(2)
     b, c, _, h, w = x.shape
-    if first_frame.dim() != 5 or first_frame.shape[2] != 1 \
+    if first_frame.dim() != 5 or not 1 <= first_frame.shape[2] < x.shape[2] \
             or tuple(first_frame.shape[i] for i in (1, 3, 4)) != (c, h, w) \
             or first_frame.shape[0] not in (1, b):
         raise ValueError(f"first_frame {list(first_frame.shape)} does not fit the latent "
@@ -68,8 +68,9 @@ def denoise(model: ModelFn | ModelSelector, noise: torch.Tensor, solver: FlowSol
     cond / uncond / batched_cond: conditionings passed to the model; `batched_cond` (cond and
         uncond joined along the batch, cond rows first) selects one batch-2 forward per step.
     guidance_scale: classifier-free guidance; 1 runs the cond forward only.
-    first_frame: [B, C, 1, H, W] clean latent frame kept fixed (image-to-video): written into
-        frame 0 before the first step and after every step; the model sees t = 0 for it.
+    first_frame: [B, C, k, H, W] clean leading latent frames kept fixed (image-to-video):
+        written into frames 0..k-1 before the first step and after every step; the model sees
+        t = 0 for them.
     callback(step_index, total_steps, x): after every step, x is the new sample (read only).
     interrupt(): called before every step; it aborts the run by raising, and the exception
         propagates unchanged after the run's tensors have been let go.
@@ -90,7 +91,7 @@ def denoise(model: ModelFn | ModelSelector, noise: torch.Tensor, solver: FlowSol
     if first_frame is not None:
         fixed = checked_first_frame(first_frame, x)
         x = x.clone()  # never write into the caller's tensor
-        x[:, :, :1] = fixed
+        x[:, :, :fixed.shape[2]] = fixed
 
     active: Expert | None = None
     try:
@@ -102,12 +103,12 @@ def denoise(model: ModelFn | ModelSelector, noise: torch.Tensor, solver: FlowSol
             if active is None or expert.name != active.name:
                 selector.notify_switch(active, expert)
                 active = expert
-            t = _model_timesteps(float(timestep), x, fixed is not None)
+            t = _model_timesteps(float(timestep), x, 0 if fixed is None else fixed.shape[2])
             v = guided_velocity(expert.model, x, t, conditioning, expert.guidance_scale)
             x = solver.step(v, x)
             del v, t
             if fixed is not None:
-                x[:, :, :1] = fixed
+                x[:, :, :fixed.shape[2]] = fixed
             if callback is not None:
                 callback(index, total, x)
         return x

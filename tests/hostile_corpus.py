@@ -22,7 +22,7 @@ import torch
 from wan_enhanced.checkpoints import tiny
 from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / \
+WORKFLOW = Path(__file__).resolve().parent.parent / "api_workflows" / \
     "wan22_ti2v_5b_speed_preview.json"
 DIT, VAE, TE, CLIP = "dit.safetensors", "vae.safetensors", "te.safetensors", "clip.safetensors"
 TINY_CLIP = dict(hidden=64, layers=2, heads=1, intermediate=128, image_size=28, patch=14)

@@ -6,8 +6,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import queue
 import select
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -17,8 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from wan_enhanced.runner import cli
-from wan_enhanced.runner.client import (Client, PromptRejected, RemoteInterrupted,
-                                        RemoteRunError)
+from wan_enhanced.runner.client import (Client, MissingOutputs, PromptRejected,
+                                        RemoteInterrupted, RemoteRunError)
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 VIDEO = b"\x00\x00\x00\x18ftypmp42 not really a video"
@@ -133,7 +137,8 @@ class FakeComfyUI:
         message("executing", node=None)
 
     def finish(self, prompt_id: str, status: str, messages=()) -> None:
-        outputs = {"3": UI_OUTPUT} if status == "success" else {}
+        outputs = {"3": UI_OUTPUT} if status == "success" and self.scenario != "no-outputs" \
+            else {}
         self.history[prompt_id] = {
             "prompt": [0, prompt_id, WORKFLOW, {}, ["3"]], "outputs": outputs,
             "status": {"status_str": status, "completed": status == "success",
@@ -186,6 +191,8 @@ class FakeComfyUI:
                 server.log.append(("POST", self.path, body))
                 if self.path == "/prompt":
                     return self.prompt(body)
+                if self.path == "/queue":
+                    time.sleep(0.1)  # a server slower than two signals in a row
                 if self.path == "/interrupt":
                     server.interrupted.set()
                 self.reply(200, {})
@@ -201,7 +208,16 @@ class FakeComfyUI:
                             "message": "Value 5000 bigger than max of 1000", "details": "steps",
                             "extra_info": {"input_name": "steps", "received_value": 5000}}],
                             "dependent_outputs": ["3"], "class_type": "WanEnhancedSampler"}}})
-                prompt_id = str(uuid.uuid4())
+                prompt_id = str(body.get("prompt_id") or uuid.uuid4())  # as ComfyUI does
+                if server.scenario == "partial":  # the outputs that passed are queued
+                    return self.reply(200, {"prompt_id": prompt_id, "number": 0, "node_errors": {
+                        "3": {"errors": [{
+                            "type": "return_type_mismatch",
+                            "message": "Return type mismatch between linked nodes",
+                            "details": "latent, received_type(*) mismatch input_type(LATENT)",
+                            "extra_info": {"input_name": "latent"}}],
+                            "dependent_outputs": ["3"],
+                            "class_type": "WanEnhancedSaveVideo"}}})
                 self.reply(200, {"prompt_id": prompt_id, "number": 0, "node_errors": {}})
                 threading.Thread(target=server.play, args=(body["client_id"], prompt_id),
                                  daemon=True).start()
@@ -310,6 +326,70 @@ def test_ctrl_c_interrupts_the_prompt_on_the_server(tmp_path):
         assert server.posted("/interrupt") == [{"prompt_id": prompt_id}]
         assert server.posted("/queue") == [{"delete": [prompt_id]}]
     assert f"asked {server.url} to stop prompt {prompt_id}" in str(excinfo.value)
+
+
+def test_a_partly_queued_prompt_is_a_rejection_and_is_taken_off_the_queue(tmp_path, capsys):
+    """ComfyUI answers 200 with node_errors when some outputs pass validation and queues those
+    alone: the client says what the server refused, removes the prompt, exits 2, records it."""
+    workflow = tmp_path / "wf.json"
+    workflow.write_text(json.dumps(WORKFLOW))
+    results = tmp_path / "results.jsonl"
+    with FakeComfyUI("partial") as server:
+        with pytest.raises(PromptRejected) as excinfo:
+            Client(server.url).run(WORKFLOW, tmp_path / "out")
+        prompt_id = excinfo.value.prompt_id
+        assert server.posted("/queue") == [{"delete": [prompt_id]}]
+        assert server.posted("/interrupt") == [{"prompt_id": prompt_id}]
+        code = cli.main(["run", str(workflow), "--server", server.url, "--out",
+                         str(tmp_path / "out"), "--results", str(results), "--quiet"])
+    assert 'node 3 (WanEnhancedSaveVideo), input "latent": Return type mismatch between linked ' \
+           "nodes: latent, received_type(*) mismatch input_type(LATENT)" in str(excinfo.value)
+    assert code == 2 and "failed validation" in capsys.readouterr().err
+    (line,) = [json.loads(text) for text in results.read_text().splitlines()]
+    assert line["status"] == "error" and "received_type(*)" in line["error"]
+    assert line["prompt_id"] and not line["outputs"]
+
+
+def test_a_run_without_any_output_is_a_failure(tmp_path, capsys):
+    workflow = tmp_path / "wf.json"
+    workflow.write_text(json.dumps(WORKFLOW))
+    results = tmp_path / "results.jsonl"
+    with FakeComfyUI("no-outputs") as server:
+        with pytest.raises(MissingOutputs) as excinfo:
+            Client(server.url).run(WORKFLOW, tmp_path / "out")
+        code = cli.main(["run", str(workflow), "--server", server.url, "--out",
+                         str(tmp_path / "out"), "--results", str(results), "--quiet"])
+    assert "none of the workflow's output nodes produced an output: 3 " \
+           "(WanEnhancedSaveVideo)" in str(excinfo.value)
+    assert code == 1 and "produced an output" in capsys.readouterr().err
+    (line,) = [json.loads(text) for text in results.read_text().splitlines()]
+    assert line["status"] == "error" and line["prompt_id"]
+
+
+def test_two_ctrl_c_microseconds_apart_still_interrupt_the_server(tmp_path):
+    """What `timeout -s INT` and an impatient user do: the second SIGINT lands while the first
+    one's cancel requests are on the wire (the fake server answers /queue after 0.1 s). The
+    /interrupt must still be sent, and the command exits 1."""
+    workflow = tmp_path / "wf.json"
+    workflow.write_text(json.dumps(WORKFLOW))
+    command = [sys.executable, "-c", "import sys; from wan_enhanced.runner.cli import main; "
+               "sys.exit(main(sys.argv[1:]))", "run", str(workflow), "--out",
+               str(tmp_path / "out"), "--quiet"]
+    with FakeComfyUI("interrupt") as server:
+        process = subprocess.Popen(command + ["--server", server.url], stderr=subprocess.PIPE,
+                                   text=True)
+        deadline = time.time() + 60
+        while ("sent", "progress", "2") not in server.log and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the client is reading the websocket
+        os.kill(process.pid, signal.SIGINT)
+        time.sleep(0.002)
+        os.kill(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        prompt_id = server.posted("/prompt")[0]["prompt_id"]
+        assert server.posted("/interrupt") == [{"prompt_id": prompt_id}], err
+    assert process.returncode == 1, err
+    assert f"asked {server.url} to stop prompt {prompt_id}" in err
 
 
 def test_lost_websocket_falls_back_to_polling_history(tmp_path):

@@ -1,10 +1,12 @@
 """The package inside a real ComfyUI: it loads without import errors, every node is listed in
-/object_info with the inputs we declare, the demo workflow runs through /prompt to an MP4, and
-the hostile-workflow corpus (hostile_corpus.py) is refused by /prompt itself at the same node and
+/object_info with the inputs we declare, every workflow of api_workflows/ runs through /prompt to
+decodable MP4s on tiny models, graphs that mix ComfyUI's own nodes with ours run, the
+broken-graph corpus is refused by /prompt and by our validator with the same verdict, and the
+hostile-workflow corpus (hostile_corpus.py) is refused by /prompt itself at the same node and
 input as by our command line, with nothing written and no server path in the answer, and the Wan
 LoRA Loader takes LoRAs from ComfyUI's `loras` folder (names only) in both modes.
 
-Needs a host made by ../shared/tools/comfyui-host.sh (COMFYUI_HOME); skipped without one.
+Needs a host made by tools/comfyui_host.sh (COMFYUI_HOME); skipped without one.
 """
 
 import json
@@ -18,26 +20,57 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 import hostile_corpus as corpus
 from wan_enhanced import NODE_CLASS_MAPPINGS
-from wan_enhanced.checkpoints.tiny import TINY_DIT, write_models_folder
+from wan_enhanced.checkpoints.tiny import (TINY_DIT, write_clip_vision, write_dit,
+                                           write_models_folder, write_vae)
 from wan_enhanced.lora.tiny import random_lora, write_lora
+from wan_enhanced.pipeline.video_io import read_mp4
 from wan_enhanced.runner.client import Client, RemoteRunError
 from wan_enhanced.runner.demo_command import DEMO_SETTINGS, WORKFLOW
+from wan_enhanced.runner.headless_nodes import local_registry
 from wan_enhanced.runner.overrides import apply_overrides
-from wan_enhanced.runner.workflow import load_workflow
+from wan_enhanced.runner.workflow import WorkflowError, load_workflow, validate
 
 HOME = Path(os.environ.get("COMFYUI_HOME", "/nonexistent"))
 COMFY = HOME / "ComfyUI"
 PYTHON = HOME / "venv" / "bin" / "python"
 pytestmark = pytest.mark.skipif(not (COMFY / "main.py").is_file() or not PYTHON.is_file(),
                                 reason="no ComfyUI host (set COMFYUI_HOME; see "
-                                       "../shared/tools/comfyui-host.sh)")
+                                       "tools/comfyui_host.sh)")
 PACK = Path(__file__).resolve().parent.parent
-
-
+API_WORKFLOWS = sorted((PACK / "api_workflows").glob("*.json"))
+TE = "umt5_xxl_fp16.safetensors"
+# every model file the workflows name, as a tiny model of its kind
+DITS = {"wan2.2_ti2v_5B_fp16.safetensors": ("ti2v", "wan2.2_vae.safetensors"),
+        "wan2.1_t2v_1.3B_fp16.safetensors": ("t2v", "wan_2.1_vae.safetensors"),
+        "wan2.2_i2v_high_noise_14B_fp16.safetensors": ("i2v_a14b", "wan_2.1_vae.safetensors"),
+        "wan2.2_i2v_low_noise_14B_fp16.safetensors": ("i2v_a14b", "wan_2.1_vae.safetensors"),
+        "wan2.1_i2v_480p_14B_fp16.safetensors": ("i2v", "wan_2.1_vae.safetensors")}
+TINY_CLIP = dict(hidden=64, layers=2, heads=1, intermediate=128, image_size=28, patch=14)
+# ComfyUI's VAE loader builds the released Wan2.1 VAE's shape whatever the file holds
+NATIVE_VAE = "native_wan21_vae.safetensors"
+# the LoRA workflow's A14B T2V experts and their LoRAs, and a LoRA of the TI2V demo model
+LORA_EXPERTS = {"wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
+                "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+                "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors":
+                "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"}
 LORA = "tiny_ti2v_lora.safetensors"
+
+
+def write_model_set(root: Path) -> Path:
+    for dit, (kind, vae) in DITS.items():
+        write_models_folder(root, dit_name=dit, vae_name=vae, text_encoder_name=TE, kind=kind)
+    write_clip_vision(root / "clip_vision" / "clip_vision_h.safetensors", TINY_CLIP)
+    write_vae(root / "vae" / NATIVE_VAE, "vae21", config={"dim": 96, "z_dim": 16},
+              dtype=torch.float16)
+    for seed, (expert, lora) in enumerate(LORA_EXPERTS.items()):
+        write_dit(root / "diffusion_models" / expert, TINY_DIT["t2v"], "comfy_fp8", seed=seed)
+        write_lora(root / "loras" / lora, random_lora(TINY_DIT["t2v"], seed=seed), "generic")
+    write_lora(root / "loras" / LORA, random_lora(TINY_DIT["ti2v"], seed=1, alpha=2.0), "kohya")
+    return root
 
 
 def _free_port() -> int:
@@ -49,11 +82,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("comfy")
-    models = write_models_folder(root / "models", dit_name="wan2.2_ti2v_5B_fp16.safetensors",
-                                 vae_name="wan2.2_vae.safetensors",
-                                 text_encoder_name="umt5_xxl_fp16.safetensors", kind="ti2v")
+    models = write_model_set(root / "models")
     hostile = corpus.make_setting(root / "hostile")
-    write_lora(models / "loras" / LORA, random_lora(TINY_DIT["ti2v"], seed=1, alpha=2.0), "kohya")
     config = root / "extra_models.yaml"
     config.write_text("".join(
         f"{name}:\n  base_path: {base}\n  diffusion_models: diffusion_models\n"
@@ -109,7 +139,7 @@ def test_object_info_lists_every_node(server):
         assert entry["display_name"] == cls.DISPLAY
         declared = cls.INPUT_TYPES()
         assert list(entry["input"]["required"]) == list(declared["required"])
-        assert entry["output"] == list(cls.RETURN_TYPES)
+        assert entry["output"] == [str(t) for t in cls.RETURN_TYPES]
     loader = info["WanEnhancedModelLoader"]["input"]["required"]["model_name"]
     assert "wan2.2_ti2v_5B_fp16.safetensors" in loader[0]
 
@@ -193,6 +223,195 @@ def test_cross_node_mistakes_are_refused_by_the_first_node_that_knows(server, tm
     with pytest.raises(RemoteRunError) as caught:
         client.run(workflow, tmp_path / "downloads")
     assert message in str(caught.value) and f"node {node}" in str(caught.value)
+
+
+# -- every shipped workflow through /prompt -------------------------------------------------------
+
+SMALL = {"WanEnhancedEmptyLatent": {"width": 64, "height": 32, "frames": 5},
+         "WanEnhancedImageToVideoLatent": {"width": 64, "height": 32, "frames": 5},
+         "WanEnhancedSampler": {"steps": 2}}
+
+
+def small(workflow: dict) -> dict:
+    """The workflow at a size a CPU runs in seconds on the tiny models."""
+    for node in workflow.values():
+        node["inputs"].update(SMALL.get(node["class_type"], {}))
+    return workflow
+
+
+@pytest.mark.parametrize("path", API_WORKFLOWS, ids=lambda p: p.stem)
+def test_every_workflow_runs_through_prompt_to_a_decodable_video(server, tmp_path, path):
+    url, _, _ = server
+    workflow = small(json.loads(path.read_text()))
+    result = Client(url, timeout=120).run(workflow, tmp_path / "downloads")
+    videos = [Path(f) for f in result.files if f.endswith(".mp4")]
+    savers = [n for n in workflow.values() if n["class_type"] == "WanEnhancedSaveVideo"]
+    assert result.status == "success" and len(videos) == len(savers) >= 1
+    for video in videos:
+        frames, _ = read_mp4(video)
+        assert tuple(frames.shape) == (5, 32, 64, 3)
+
+
+# -- graphs that mix ComfyUI's nodes with ours -----------------------------------------------------
+
+def node(class_type, **inputs):
+    return {"class_type": class_type, "inputs": inputs}
+
+
+def ours_until_sampling(dit: str, vae: str) -> dict:
+    return {
+        "1": node("WanEnhancedModelLoader", model_name=dit, weight_dtype="fp32",
+                  attention="sdpa"),
+        "2": node("WanEnhancedTextEncoderLoader", text_encoder_name=TE, dtype="fp32",
+                  device="cpu"),
+        "3": node("WanEnhancedVAELoader", vae_name=vae, dtype="fp32"),
+        "4": node("WanEnhancedTextEncode", text_encoder=["2", 0], positive="a fox",
+                  negative="blurry"),
+    }
+
+
+def test_our_latent_decodes_in_comfyuis_vae_decode_and_our_frames_save_natively(server,
+                                                                               tmp_path):
+    url, _, _ = server
+    workflow = ours_until_sampling("wan2.1_t2v_1.3B_fp16.safetensors", "wan_2.1_vae.safetensors")
+    workflow.update({
+        "5": node("WanEnhancedEmptyLatent", model=["1", 0], width=64, height=32, frames=5,
+                  batch=1),
+        "6": node("WanEnhancedSampler", model=["1", 0], positive=["4", 0], negative=["4", 1],
+                  latent=["5", 0], seed=1, steps=2, cfg=3.0, shift=5.0, scheduler="unipc",
+                  denoise=1.0),
+        "7": node("VAELoader", vae_name=NATIVE_VAE),
+        "8": node("VAEDecode", samples=["6", 0], vae=["7", 0]),
+        "9": node("SaveAnimatedWEBP", images=["8", 0], filename_prefix="mixed/native_decode",
+                  fps=8.0, lossless=False, quality=50, method="fastest"),
+        "10": node("WanEnhancedTiledDecode", vae=["3", 0], latent=["6", 0], tile_x=272,
+                   tile_y=272, stride_x=144, stride_y=128, mode="untiled"),
+        "11": node("SaveImage", images=["10", 0], filename_prefix="mixed/our_frames"),
+    })
+    result = Client(url, timeout=300).run(workflow, tmp_path)
+    files = [Path(f) for f in result.files]
+    assert len([f for f in files if f.suffix == ".webp"]) == 1
+    assert len([f for f in files if f.suffix == ".png" and "our_frames" in f.name]) == 5
+    from PIL import Image
+    with Image.open(next(f for f in files if f.suffix == ".webp")) as webp:
+        assert webp.size == (64, 32) and webp.n_frames == 5  # ComfyUI's decode of our latent
+
+
+def test_comfyuis_image_to_video_conditioning_drives_our_sampler(server, tmp_path):
+    """WanImageToVideo (ComfyUI's VAE encodes the start image into concat_latent_image and
+    concat_mask) feeding the Wan Sampler with an I2V-A14B expert."""
+    url, _, _ = server
+    workflow = ours_until_sampling("wan2.2_i2v_high_noise_14B_fp16.safetensors",
+                                   "wan_2.1_vae.safetensors")
+    workflow.update({
+        "5": node("LoadImage", image="example.png"),
+        "6": node("VAELoader", vae_name=NATIVE_VAE),
+        "7": node("WanImageToVideo", positive=["4", 0], negative=["4", 1], vae=["6", 0],
+                  width=64, height=32, length=5, batch_size=1, start_image=["5", 0]),
+        "8": node("WanEnhancedSampler", model=["1", 0], positive=["7", 0], negative=["7", 1],
+                  latent=["7", 2], seed=1, steps=2, cfg=3.0, shift=5.0, scheduler="unipc",
+                  denoise=1.0),
+        "9": node("WanEnhancedTiledDecode", vae=["3", 0], latent=["8", 0], tile_x=272,
+                  tile_y=272, stride_x=144, stride_y=128, mode="untiled"),
+        "10": node("WanEnhancedSaveVideo", images=["9", 0], filename_prefix="mixed/i2v",
+                   fps=16.0, crf=19),
+    })
+    result = Client(url, timeout=300).run(workflow, tmp_path)
+    (video,) = [Path(f) for f in result.files if f.endswith(".mp4")]
+    frames, _ = read_mp4(video)
+    assert tuple(frames.shape) == (5, 32, 64, 3)
+    # the same conditioning on a text-to-video model is refused by name, not ignored
+    workflow["1"]["inputs"]["model_name"] = "wan2.1_t2v_1.3B_fp16.safetensors"
+    with pytest.raises(RemoteRunError, match="concat_latent_image.*has no image input"):
+        Client(url, timeout=300).run(workflow, tmp_path)
+
+
+# -- broken graphs: refused by ComfyUI and by our validator alike ---------------------------------
+
+def broken_cases() -> dict:
+    def base():
+        workflow = ours_until_sampling("wan2.1_t2v_1.3B_fp16.safetensors",
+                                       "wan_2.1_vae.safetensors")
+        workflow.update({
+            "5": node("WanEnhancedEmptyLatent", model=["1", 0], width=64, height=32, frames=5,
+                      batch=1),
+            "6": node("WanEnhancedSampler", model=["1", 0], positive=["4", 0],
+                      negative=["4", 1], latent=["5", 0], seed=1, steps=2, cfg=3.0, shift=5.0,
+                      scheduler="unipc", denoise=1.0),
+            "7": node("WanEnhancedTiledDecode", vae=["3", 0], latent=["6", 0], tile_x=272,
+                      tile_y=272, stride_x=144, stride_y=128, mode="untiled"),
+            "8": node("SaveImage", images=["7", 0], filename_prefix="broken"),
+        })
+        return workflow
+
+    def change(edit):
+        workflow = base()
+        edit(workflow)
+        return workflow
+
+    return {  # name: (workflow, the (node, input) pairs both must name)
+        "our VAE into ComfyUI's VAEDecode": (change(lambda w: w.update({"7": node(
+            "VAEDecode", samples=["6", 0], vae=["3", 0])})), {("7", "vae")}),
+        "a VAE where the model goes": (change(lambda w: w["5"]["inputs"].update(
+            model=["3", 0])), {("5", "model")}),
+        "required input missing": (change(lambda w: w["6"]["inputs"].pop("seed")),
+                                   {("6", "seed")}),
+        "steps below the minimum": (change(lambda w: w["6"]["inputs"].update(steps=0)),
+                                    {("6", "steps")}),
+        "a scheduler not offered": (change(lambda w: w["6"]["inputs"].update(
+            scheduler="ddim")), {("6", "scheduler")}),
+        "text for a number": (change(lambda w: w["6"]["inputs"].update(seed="abc")),
+                              {("6", "seed")}),
+        "a latent into an image input": (change(lambda w: w["8"]["inputs"].update(
+            images=["6", 0])), {("8", "images")}),
+        "a width off the stride": (change(lambda w: w["5"]["inputs"].update(width=72)),
+                                   {("5", "width")}),
+        "unknown node type": (change(lambda w: w.update({"9": node("NoSuchNode")})), set()),
+        "no output node": (change(lambda w: w.pop("8")), set()),
+    }
+
+
+def _comfyui_verdict(url: str, workflow: dict) -> tuple[int, set]:
+    status, reply = _post(url, workflow)
+    named = set()
+    for node_id, info in (reply.get("node_errors") or {}).items():
+        for error in info.get("errors", []):
+            name = (error.get("extra_info") or {}).get("input_name")
+            if error.get("type") == "custom_validation_failed":  # ours: "input: problem"
+                name = error.get("details", "").split(" - ", 1)[-1].split(": ", 1)[0]
+            named.add((node_id, name))
+    return status, named
+
+
+@pytest.mark.parametrize("name", list(broken_cases()))
+def test_a_broken_graph_gets_the_same_verdict_from_comfyui_and_from_us(server, name):
+    url, root, _ = server
+    workflow, expected = broken_cases()[name]
+    status, comfy = _comfyui_verdict(url, workflow)
+    registry = {**Client(url).registry(), **local_registry()}
+    from wan_enhanced import host
+    host.set_headless_folders(models=root / "models")  # the files the server's loaders list
+    try:
+        with pytest.raises(WorkflowError) as caught:
+            validate(workflow, registry)
+    finally:
+        host.set_headless_folders(models="models")
+    ours = {(issue.node_id, issue.input_name) for issue in caught.value.errors
+            if issue.input_name is not None}
+    assert status == 400
+    assert comfy == ours == expected, (comfy, [str(i) for i in caught.value.errors])
+
+
+def test_each_prompt_writes_its_own_event_log_with_its_id(server, tmp_path):
+    url, root, _ = server
+    workflow = {"1": node("WanEnhancedMemoryProbe", value="anything", label="here",
+                          save_log="prompt_logs/probe.json")}
+    client = Client(url, timeout=60)
+    for _ in range(2):
+        result = client.run(workflow, tmp_path)
+        log = json.loads((root / "out" / "prompt_logs" / "probe.json").read_text())
+        assert log["run"]["prompt_id"] == result.prompt_id
+        assert [e["label"] for e in log["events"]] == ["here"]  # nothing of earlier prompts
 
 
 # -- the LoRA loader inside ComfyUI ---------------------------------------------------------------

@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIP = {"tests", "bench", "conformance", ".venv", ".ci", "build", "workflows", "example_workflows"}
+SKIP = {"tests", "bench", "conformance", ".venv", ".ci", "build", "api_workflows", "example_workflows"}
 
 
 def _modules() -> dict[str, Path]:

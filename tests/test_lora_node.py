@@ -21,7 +21,8 @@ from wan_enhanced.nodes.common import NodeInputError
 from wan_enhanced.pipeline import loading
 from wan_enhanced.runner import cli
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / "wan22_t2v_a14b_4step_lora.json"
+WORKFLOW = (Path(__file__).resolve().parent.parent / "api_workflows"
+            / "wan22_t2v_a14b_4step_lora.json")
 HIGH, LOW = "high.safetensors", "low.safetensors"
 LORA_HIGH, LORA_LOW = "lora_high.safetensors", "lora_low.safetensors"
 TE, VAE = "te.safetensors", "vae21.safetensors"

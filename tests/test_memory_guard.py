@@ -19,7 +19,7 @@ from wan_enhanced.pipeline.memory_guard import VideoSize
 from wan_enhanced.runner import cli
 from wan_enhanced.wan.configs import KNOWN_DITS
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / \
+WORKFLOW = Path(__file__).resolve().parent.parent / "api_workflows" / \
     "wan22_ti2v_5b_speed_preview.json"
 DIT, VAE, TE = "dit.safetensors", "vae.safetensors", "te.safetensors"
 GIB = 1 << 30

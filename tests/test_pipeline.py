@@ -138,7 +138,7 @@ def test_bad_inputs_name_node_and_field(headless, tmp_path):
     with pytest.raises(NodeInputError, match="Wan Sampler: positive: conditioning of width 768"):
         node("Sampler").run(t2v, wrong_width, wrong_width, {"samples": torch.zeros(
             1, 16, 1, 4, 4)}, 0, 2, 5.0, 5.0, "unipc", 1.0)
-    good = [[torch.zeros(1, 512, 4096), {}]]
+    good = [[torch.zeros(1, 512, 64), {}]]  # the tiny models take 64-wide text rows
     with pytest.raises(NodeInputError, match="latent has 48 channels"):
         node("Sampler").run(t2v, good, good, latent, 0, 2, 5.0, 5.0, "unipc", 1.0)
 
@@ -290,7 +290,7 @@ def test_image_to_video_refuses_what_does_not_fit(headless):
         make(ti2v, v22, image, 64, 32, 8, 1)
     (latent,) = make(ti2v, v22, image, 64, 32, 9, 1)
     latent["first_frame"] = latent["first_frame"][:, :, :, :1]
-    good = [[torch.zeros(1, 512, 4096), {}]]
+    good = [[torch.zeros(1, 512, 64), {}]]  # the tiny models take 64-wide text rows
     with pytest.raises(NodeInputError, match="Wan Sampler: latent: its first_frame"):
         node("Sampler").run(ti2v, good, good, latent, 0, 2, 5.0, 5.0, "unipc", 1.0)
 
@@ -333,7 +333,7 @@ def test_i2v_a14b_takes_the_image_as_conditioning_channels(headless, monkeypatch
     assert all(torch.equal(y, condition) for _, y in seen)
     assert sampled["samples"].shape == (1, 16, 3, 4, 6)
     assert torch.isfinite(sampled["samples"]).all()
-    good = [[torch.zeros(1, 512, 4096), {}]]
+    good = [[torch.zeros(1, 512, 64), {}]]  # the tiny models take 64-wide text rows
     with pytest.raises(NodeInputError, match="is an image-to-video model; give it the LATENT of "
                                              "Wan Image to Video Latent"):
         node("Sampler").run(high, good, good, {"samples": latent["samples"]}, 0, 2, 5.0, 5.0,
@@ -434,17 +434,33 @@ def test_repeated_runs_leave_nothing_behind(headless):
 
 
 def test_sampler_takes_comfyui_shaped_conditioning(headless):
-    """ComfyUI's own text encoding gives at least 512 rows (zero past the prompt) and a dict of
-    extras; the sampler uses the rows and ignores the extras."""
+    """ComfyUI's own text encoding gives at least 512 rows and a dict of extras: pooled_output
+    None (umT5) is nothing to apply, an attention_mask zeroes the rows outside it (the padding
+    Wan was trained with); several entries or extras with another meaning are refused."""
     (model,) = node("ModelLoader").load(NAMES["t2v"][0], "fp32", "sdpa")
     width = model.config.text_dim
     rows = torch.zeros(1, 600, width)
-    rows[:, :9] = torch.randn(1, 9, width)
-    cond = [[rows, {"pooled_output": None, "attention_mask": torch.ones(1, 600)}]]
+    rows[:, :9] = torch.randn(1, 9, width, generator=torch.Generator().manual_seed(2))
+    noisy = rows.clone()
+    noisy[:, 9:] = torch.randn(1, 591, width)
+    mask = torch.zeros(1, 600)
+    mask[:, :9] = 1
     (latent,) = node("EmptyLatent").make(model, 32, 32, 1, 1)
-    (out,) = node("Sampler").run(model, cond, cond, latent, 3, 2, 1.0, 5.0, "euler", 1.0)
-    assert out["samples"].shape == latent["samples"].shape
-    assert torch.isfinite(out["samples"]).all()
+
+    def sampled(cond):
+        return node("Sampler").run(model, cond, cond, latent, 3, 2, 1.0, 5.0, "euler",
+                                   1.0)[0]["samples"]
+
+    plain = sampled([[rows, {}]])
+    assert torch.equal(sampled([[noisy, {"pooled_output": None, "attention_mask": mask}]]), plain)
+    assert not torch.allclose(sampled([[noisy, {}]]), plain)
+    with pytest.raises(NodeInputError, match="positive: carries 'area' \\(set by "
+                                             "ConditioningSetArea\\), which the Wan Sampler"):
+        sampled([[rows, {"area": (8, 8, 0, 0)}]])
+    with pytest.raises(NodeInputError, match="positive: 2 conditionings"):
+        sampled([[rows, {}], [rows, {}]])
+    with pytest.raises(NodeInputError, match="positive: carries a pooled_output"):
+        sampled([[rows, {"pooled_output": torch.zeros(1, 768)}]])
 
 
 def test_text_encoder_without_tokenizer(headless, tmp_path):

@@ -317,3 +317,51 @@ def test_pynvml_before_cuda_is_up_follows_cuda_visible_devices(fake_cuda, monkey
     assert take_snapshot()["nvml_total_bytes"] == 80 << 30
     assert module.calls["by_index"] == [2]
     assert EventLog(None).run["host"]["device_name"] == "Fake GPU"  # named by the driver
+
+
+def test_each_prompt_gets_a_log_of_its_own_with_its_id(tmp_path, monkeypatch):
+    """Inside a long-running ComfyUI the prompt comes from its execution context: a new prompt
+    begins a new log; an empty log begun by start_run takes the next prompt; outside a prompt
+    the log is kept."""
+    monkeypatch.setattr(events_module, "_current", None)
+    context = types.SimpleNamespace(prompt_id=None)
+    utils = types.SimpleNamespace(
+        get_executing_context=lambda: context if context.prompt_id else None)
+    monkeypatch.setitem(sys.modules, "comfy_execution", types.SimpleNamespace(utils=utils))
+    monkeypatch.setitem(sys.modules, "comfy_execution.utils", utils)
+    started = start_run(tmp_path / "bench.json")
+    context.prompt_id = "prompt-1"
+    record_event("a")
+    first = current_log()
+    assert first is started and first.run["prompt_id"] == "prompt-1"
+    record_event("b")
+    context.prompt_id = "prompt-2"
+    record_event("c")
+    second = current_log()
+    assert second is not first and second.run["prompt_id"] == "prompt-2"
+    assert [e["label"] for e in first.events] == ["a", "b"]
+    assert [e["label"] for e in second.events] == ["c"]
+    context.prompt_id = None  # between prompts: the last prompt's log is the current one
+    assert current_log() is second
+    saved = json.loads(second.save(tmp_path / "p2.json").read_text())
+    assert saved["run"]["prompt_id"] == "prompt-2" and len(saved["events"]) == 1
+
+
+def test_the_runner_gives_each_run_its_own_log(tmp_path, monkeypatch):
+    from wan_enhanced import NODE_CLASS_MAPPINGS
+    from wan_enhanced.runner.executor import run_workflow
+
+    monkeypatch.setattr(events_module, "_current", None)
+    host.set_headless_folders(output=tmp_path)
+    workflow = {"1": {"class_type": "WanEnhancedMemoryProbe",
+                      "inputs": {"value": 1, "label": "here", "save_log": "run.json"}}}
+    try:
+        logs = []
+        for run_id in ("run-a", "run-b"):
+            run_workflow(workflow, NODE_CLASS_MAPPINGS, run_id=run_id)
+            logs.append(json.loads((tmp_path / "run.json").read_text()))
+    finally:
+        host.set_headless_folders(output="output")
+    assert [log["run"]["prompt_id"] for log in logs] == ["run-a", "run-b"]
+    assert [[e["label"] for e in log["events"]] for log in logs] == [["here"], ["here"]]
+    assert host.current_prompt_id() is None

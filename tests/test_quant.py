@@ -550,9 +550,9 @@ def test_failed_quantized_load_leaves_no_tensor_behind(bf16_file, monkeypatch):
 
 def test_loader_choices_keep_the_old_values_first():
     assert MODEL_DTYPES[:3] == ["bf16", "fp16", "fp32"] == list(DTYPES)
-    assert MODEL_DTYPES[3:] == ["fp8_e4m3fn", "fp8_e4m3fn_fast", "int8", "int8_dynamic"]
+    assert MODEL_DTYPES[3:] == ["fp8_e4m3fn", "fp8_e4m3fn_fast", "int8", "int8_dynamic", "auto"]
     choices, options = WanModelLoader.INPUT_TYPES()["required"]["weight_dtype"]
-    assert choices == MODEL_DTYPES and options["default"] == "bf16"
+    assert choices == MODEL_DTYPES and options["default"] == "auto"
 
 
 def test_unknown_weight_dtype_is_refused_clearly(bf16_file):

@@ -14,6 +14,7 @@ import torch
 
 import wan_enhanced
 from wan_enhanced import host
+from wan_enhanced.nodes.common import ANY
 from wan_enhanced.runner import cli
 from wan_enhanced.runner.executor import RunError, RunInterrupted, execute, run_workflow
 from wan_enhanced.runner.overrides import OverrideError, apply_overrides
@@ -143,7 +144,7 @@ class SaveValue:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"value": ("*",),
+        return {"required": {"value": (ANY,),
                              "filename_prefix": ("STRING", {"default": "out"})}}
 
     RETURN_TYPES = ()
@@ -398,7 +399,7 @@ def test_constants_are_converted_and_types_match_like_comfyui():
         "1": node("TextEncode", positive=42, negative="n"),
         "2": node("Sampler", positive=["1", 0], seed="7", steps=12.0, mode="fast",
                   flag="False"),
-        # "LATENT,TENSOR" fits TENSOR; "*" takes anything
+        # "LATENT,TENSOR" fits TENSOR; the any-type takes anything
         "3": node("Scale", tensor=["2", 0], factor=3),
         "4": node("SaveValue", value=["3", 0], filename_prefix={"__value__": "p"}),
     }
@@ -409,6 +410,40 @@ def test_constants_are_converted_and_types_match_like_comfyui():
     assert validated.nodes["3"]["inputs"]["factor"] == 3.0
     assert validated.nodes["4"]["inputs"]["filename_prefix"] == "p"
     assert workflow["2"]["inputs"]["seed"] == "7"  # the caller's workflow is left as it was
+
+
+class PlainStar:
+    """A node written with a plain "*" string, as ComfyUI's /prompt sees it: no wildcard."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("*",)}}
+
+    RETURN_TYPES = ("*",)
+    FUNCTION = "passthrough"
+
+    def passthrough(self, value):
+        return (value,)
+
+
+def test_a_plain_star_is_no_wildcard_and_the_any_type_fits_both_ways():
+    """ComfyUI's validate_node_input: '*' output into TENSOR and TENSOR into '*' are refused
+    (return_type_mismatch); the any-type str (nodes/common.py) fits on either side."""
+    registry = {**REGISTRY, "PlainStar": PlainStar}
+    refused = {"1": node("MakeTensor", size=2), "2": node("PlainStar", value=["1", 0]),
+               "3": node("Scale", tensor=["2", 0], factor=2),
+               "4": node("SaveValue", value=["3", 0], filename_prefix="x")}
+    with pytest.raises(WorkflowError) as excinfo:
+        validate(refused, registry)
+    assert messages(excinfo) == [
+        'node 2 (PlainStar), input "value": linked to output 0 of node 1 (MakeTensor), which '
+        'is TENSOR; expected *',
+        'node 3 (Scale), input "tensor": linked to output 0 of node 2 (PlainStar), which is *; '
+        'expected TENSOR']
+    from wan_enhanced.runner.workflow import types_compatible
+    assert types_compatible(ANY, "WANMODEL") and types_compatible("WANMODEL", ANY)
+    assert types_compatible(ANY, ["a", "b"]) and not types_compatible("*", "WANMODEL")
+    assert types_compatible("LATENT,TENSOR", "TENSOR") and not types_compatible("A,B", "C")
 
 
 def test_validate_inputs_replaces_the_builtin_checks_for_its_inputs():

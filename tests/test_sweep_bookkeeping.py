@@ -17,7 +17,7 @@ from wan_enhanced.checkpoints import tiny
 from wan_enhanced.runner import cli
 from wan_enhanced.runner.sweep import ResultsLog
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / \
+WORKFLOW = Path(__file__).resolve().parent.parent / "api_workflows" / \
     "wan22_ti2v_5b_speed_preview.json"
 DIT, VAE, TE = "dit.safetensors", "vae.safetensors", "te.safetensors"
 

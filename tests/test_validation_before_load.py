@@ -18,7 +18,7 @@ from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
 from wan_enhanced.pipeline import loading
 from wan_enhanced.runner import cli
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "workflows" / \
+WORKFLOW = Path(__file__).resolve().parent.parent / "api_workflows" / \
     "wan22_ti2v_5b_speed_preview.json"
 DIT, VAE22, VAE21, TE = ("wan2.2_ti2v_5B_fp16.safetensors", "wan2.2_vae.safetensors",
                          "wan_2.1_vae.safetensors", "umt5_xxl_fp16.safetensors")

@@ -6,20 +6,26 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from wan_enhanced import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, host
-from wan_enhanced.checkpoints.tiny import TINY_DIT, write_dit, write_models_folder
+from wan_enhanced.checkpoints.tiny import TINY_DIT, write_clip_vision, write_dit, write_models_folder
 from wan_enhanced.lora.tiny import random_lora, write_lora
 from wan_enhanced.profiling.events import EventLog
 from wan_enhanced.runner.cli import main
+from wan_enhanced.runner.headless_nodes import local_registry
 from wan_enhanced.runner.ui_format import api_to_ui, ui_to_api
 from wan_enhanced.runner.workflow import WorkflowError, validate
 
 ROOT = Path(__file__).resolve().parent.parent
-API = sorted((ROOT / "workflows").glob("*.json"))
+API = sorted((ROOT / "api_workflows").glob("*.json"))
 SCENARIOS = {"wan22_ti2v_5b_speed_preview", "wan22_ti2v_5b_efficiency", "wan22_ti2v_5b_max_quality",
              "wan22_ti2v_5b_long_duration", "wan21_t2v_1_3b_memory_baseline",
-             "wan21_tiled_decode_comparison", "wan22_t2v_a14b_4step_lora"}
+             "wan21_tiled_decode_comparison", "wan22_ti2v_5b_image_to_video",
+             "wan22_i2v_a14b_image_to_video", "wan21_i2v_14b_image_to_video",
+             "wan22_t2v_a14b_4step_lora"}
+IMAGE_TO_VIDEO = sorted(name for name in SCENARIOS if name.endswith("image_to_video"))
+TINY_CLIP = dict(hidden=64, layers=2, heads=1, intermediate=128, image_size=28, patch=14)
 # the A14B experts and their 4-step LoRAs of the LoRA example
 EXPERTS = {"wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
            "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
@@ -40,9 +46,30 @@ def models(tmp_path_factory):
     for seed, (expert, lora) in enumerate(EXPERTS.items()):
         write_dit(root / "diffusion_models" / expert, TINY_DIT["t2v"], "comfy_fp8", seed=seed)
         write_lora(root / "loras" / lora, random_lora(TINY_DIT["t2v"], seed=seed), "generic")
-    host.set_headless_folders(models=root)
+    for dit, kind in (("wan2.2_i2v_high_noise_14B_fp16.safetensors", "i2v_a14b"),
+                      ("wan2.2_i2v_low_noise_14B_fp16.safetensors", "i2v_a14b"),
+                      ("wan2.1_i2v_480p_14B_fp16.safetensors", "i2v")):
+        write_models_folder(root, dit_name=dit, vae_name="wan_2.1_vae.safetensors",
+                            text_encoder_name="umt5_xxl_fp16.safetensors", kind=kind)
+    write_clip_vision(root / "clip_vision" / "clip_vision_h.safetensors", TINY_CLIP)
+    images = root / "input"
+    images.mkdir()
+    write_test_image(images / "example.png")
+    host.set_headless_folders(models=root, input=images)
     yield root
-    host.set_headless_folders(models="models")
+    host.set_headless_folders(models="models", input="input")
+
+
+def write_test_image(path: Path, width: int = 40, height: int = 24) -> Path:
+    """A small RGBA picture: a colour gradient, its alpha a left-to-right ramp."""
+    from PIL import Image
+
+    pixels = [(x * 6 % 256, y * 10 % 256, (x + y) * 4 % 256, x * 255 // (width - 1))
+              for y in range(height) for x in range(width)]
+    image = Image.new("RGBA", (width, height))
+    image.putdata(pixels)
+    image.save(path)
+    return path
 
 
 def test_every_scenario_is_there():
@@ -52,7 +79,7 @@ def test_every_scenario_is_there():
 
 @pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
 def test_api_workflow_validates(path, models):
-    validated = validate(json.loads(path.read_text()), NODE_CLASS_MAPPINGS, str(path))
+    validated = validate(json.loads(path.read_text()), local_registry(), str(path))
     assert validated.output_nodes and not validated.warnings
 
 
@@ -60,9 +87,9 @@ def test_api_workflow_validates(path, models):
 def test_ui_twin_is_the_same_graph(path):
     api = json.loads(path.read_text())
     ui = json.loads((ROOT / "example_workflows" / path.name).read_text())
-    assert ui_to_api(ui, NODE_CLASS_MAPPINGS) == api
+    assert ui_to_api(ui, local_registry()) == api
     # and it is what our converter writes (links, slots, widget order)
-    assert api_to_ui(api, NODE_CLASS_MAPPINGS) == ui
+    assert api_to_ui(api, local_registry()) == ui
 
 
 def test_node_contracts():
@@ -81,7 +108,7 @@ def test_node_contracts():
 
 
 def test_wrong_workflow_reports_every_problem(models):
-    api = json.loads((ROOT / "workflows" / "wan22_ti2v_5b_speed_preview.json").read_text())
+    api = json.loads((ROOT / "api_workflows" / "wan22_ti2v_5b_speed_preview.json").read_text())
     api["6"]["inputs"]["steps"] = 0
     api["6"]["inputs"]["scheduler"] = "ddim"
     api["7"]["inputs"]["vae"] = ["99", 0]
@@ -118,3 +145,45 @@ def test_ui_file_saved_before_an_optional_widget_existed():
     api = ui_to_api(ui, NODE_CLASS_MAPPINGS)
     probes = [n for n in api.values() if n["class_type"] == "WanEnhancedMemoryProbe"]
     assert probes and all(p["inputs"]["write_report"] is False for p in probes)
+
+
+@pytest.mark.parametrize("name", IMAGE_TO_VIDEO)
+def test_image_to_video_workflow_runs_headless_from_load_image(name, models, tmp_path, capsys):
+    """The same file ComfyUI runs: its LoadImage reads the input folder here too."""
+    out = tmp_path / "out"
+    code = main(["run", str(ROOT / "api_workflows" / f"{name}.json"), "--models", str(models),
+                 "--input", str(models / "input"), "--out", str(out), "--quiet",
+                 "--set", "5.width=64", "--set", "5.height=32", "--set", "5.frames=5",
+                 "--set", "6.steps=2", "--set", "1.weight_dtype=fp32"])
+    assert code == 0, capsys.readouterr().err
+    (video,) = out.rglob("*.mp4")
+    from wan_enhanced.pipeline.video_io import read_mp4
+    frames, _ = read_mp4(video)
+    assert tuple(frames.shape) == (5, 32, 64, 3)
+
+
+def test_load_image_reads_like_comfyui(tmp_path):
+    """RGB in 0..1 and MASK = 1 - alpha; names outside the input folder are refused."""
+    from PIL import Image
+
+    from wan_enhanced.runner.headless_nodes import LoadImage
+
+    path = write_test_image(tmp_path / "ramp.png")
+    host.set_headless_folders(input=tmp_path)
+    try:
+        image, mask = LoadImage().load_image("ramp.png")
+        assert LoadImage.INPUT_TYPES()["required"]["image"][0] == ["ramp.png"]
+        assert LoadImage.VALIDATE_INPUTS("ramp.png") is True
+        assert "not a file of the input folder" in LoadImage.VALIDATE_INPUTS("gone.png")
+        assert "image:" in LoadImage.VALIDATE_INPUTS("../ramp.png")
+    finally:
+        host.set_headless_folders(input="input")
+    import numpy as np
+    rgba = torch.from_numpy(np.array(Image.open(path)).astype("float32"))
+    assert image.shape == (1, 24, 40, 3) and mask.shape == (1, 24, 40)
+    assert torch.allclose(image[0], rgba[..., :3] / 255) and torch.allclose(mask[0],
+                                                                           1 - rgba[..., 3] / 255)
+    rgb = tmp_path / "plain.jpg"
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(rgb)
+    _, plain_mask = LoadImage().load_image(str(rgb))  # headless: an absolute path
+    assert plain_mask.shape == (1, 64, 64) and not plain_mask.any()

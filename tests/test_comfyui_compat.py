@@ -1,0 +1,81 @@
+"""What a real ComfyUI sees of the package without running one: the template browser's folders,
+the memory probe's any-type, and loaders whose default dtype suits the machine."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from wan_enhanced import NODE_CLASS_MAPPINGS, host
+from wan_enhanced.checkpoints import tiny
+from wan_enhanced.pipeline import loading
+from wan_enhanced.quant import kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+# app/custom_node_manager.py: every one of these folders is listed in the template browser
+TEMPLATE_FOLDERS = ("example_workflows", "example", "examples", "workflow", "workflows")
+
+
+def test_the_template_browser_finds_one_folder_so_lists_each_workflow_once():
+    assert [name for name in TEMPLATE_FOLDERS if (ROOT / name).is_dir()] == ["example_workflows"]
+    assert {p.stem for p in (ROOT / "api_workflows").glob("*.json")} == \
+        {p.stem for p in (ROOT / "example_workflows").glob("*.json")}
+
+
+def test_the_probe_sends_star_to_the_editor_and_fits_every_type_in_prompt_checks():
+    probe = NODE_CLASS_MAPPINGS["WanEnhancedMemoryProbe"]
+    (returned,) = probe.RETURN_TYPES
+    assert json.dumps([returned, probe.INPUT_TYPES()["required"]["value"][0]]) == '["*", "*"]'
+    for wire in ("WANMODEL", "WANTEXTENCODER", "CONDITIONING", "LATENT", "IMAGE"):
+        # comfy_execution/validation.py validate_node_input's first test, both ways round
+        assert not returned != wire and not wire != returned
+
+
+def test_auto_dtype_is_fp32_on_a_cpu_and_bf16_on_a_gpu(tmp_path, monkeypatch):
+    assert loading.resolve_dtype("auto", on_gpu=True) == "bf16"
+    assert loading.resolve_dtype("auto", on_gpu=False) == "fp32"
+    assert loading.resolve_dtype("fp16", on_gpu=True) == "fp16"
+    monkeypatch.setattr(kernels, "_WARNED", set())
+    with pytest.warns(RuntimeWarning, match="bf16 weights on the CPU: .*'auto' picks fp32"):
+        assert loading.resolve_dtype("bf16", on_gpu=False) == "bf16"
+
+    monkeypatch.setattr(host, "compute_device", lambda: torch.device("cpu"))
+    tiny.write_models_folder(tmp_path, dit_name="dit.safetensors", vae_name="vae.safetensors",
+                             text_encoder_name="te.safetensors", kind="t2v")
+    host.set_headless_folders(models=tmp_path)
+    try:
+        nodes = {name: NODE_CLASS_MAPPINGS[f"WanEnhanced{name}"]() for name in
+                 ("ModelLoader", "VAELoader", "TextEncoderLoader")}
+        (model,) = nodes["ModelLoader"].load("dit.safetensors", "auto", "sdpa")
+        (vae,) = nodes["VAELoader"].load("vae.safetensors", "auto")
+        (encoder,) = nodes["TextEncoderLoader"].load("te.safetensors", "auto", "gpu")
+    finally:
+        host.set_headless_folders(models="models")
+    for handle in (model, vae, encoder):
+        assert {p.dtype for p in handle.model.parameters()} == {torch.float32}
+    for cls in (NODE_CLASS_MAPPINGS[f"WanEnhanced{n}"] for n in
+                ("ModelLoader", "VAELoader", "TextEncoderLoader", "CLIPVisionLoader")):
+        required = cls.INPUT_TYPES()["required"]
+        spec = required.get("weight_dtype") or required["dtype"]
+        assert spec[1]["default"] == "auto" and "fp32 on a CPU" in spec[1]["tooltip"]
+
+
+def test_text_encoding_reports_progress_per_block(tmp_path):
+    """A CPU encode of the full umT5 takes minutes: one progress update per block (inside
+    ComfyUI its progress bar, which also checks for an interrupt)."""
+    tiny.write_models_folder(tmp_path, dit_name="dit.safetensors", vae_name="vae.safetensors",
+                             text_encoder_name="te.safetensors", kind="t2v")
+    host.set_headless_folders(models=tmp_path)
+    seen = []
+    listener = lambda label, value, total: seen.append((label, value, total))  # noqa: E731
+    host.add_progress_listener(listener)
+    try:
+        (encoder,) = NODE_CLASS_MAPPINGS["WanEnhancedTextEncoderLoader"]().load(
+            "te.safetensors", "fp32", "cpu")
+        NODE_CLASS_MAPPINGS["WanEnhancedTextEncode"]().encode(encoder, "a fox", "blurry")
+    finally:
+        host.remove_progress_listener(listener)
+        host.set_headless_folders(models="models")
+    blocks = len(encoder.model.blocks)
+    assert blocks >= 2 and seen == [("Wan Text Encode", i, blocks) for i in range(1, blocks + 1)]

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 # ComfyUI model folder names -> the subfolder used when running without ComfyUI
-MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae")
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
 MODEL_EXTENSIONS = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".index.json")
 
 
@@ -207,7 +207,8 @@ def input_directory() -> Path:
 
 
 def list_models(folder: str) -> list[str]:
-    """Model files of a ComfyUI model folder ("diffusion_models", "text_encoders", "vae")."""
+    """Model files of a ComfyUI model folder ("diffusion_models", "text_encoders", "vae",
+    "loras", ...)."""
     fp = _comfy("folder_paths")
     if fp is not None:
         try:

@@ -16,7 +16,7 @@ import json
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 import torch.nn as nn
@@ -42,6 +42,18 @@ KNOWN_VAES = {
 }
 KNOWN_T5 = {"umt5-xxl": {"vocab_size": 256384, "dim": 4096, "dim_attn": 4096, "dim_ffn": 10240,
                          "num_heads": 64, "num_layers": 24, "num_buckets": 32}}
+
+
+class WeightMerge(Protocol):
+    """Changes added into some of the weights while they load (a LoRA merge, lora/merge.py):
+    each such tensor is read, made float32, changed in place by `apply_`, and only then
+    converted or quantized, so quantized weights carry the change."""
+
+    def touches(self, key: str) -> bool:
+        """Whether the tensor of our name `key` changes."""
+
+    def apply_(self, key: str, weight: torch.Tensor) -> None:
+        """Add the change into `weight` (float32, contiguous, the caller's own copy)."""
 
 
 @dataclass
@@ -186,11 +198,12 @@ def _check_shapes(path: Path, module: nn.Module, plan: _Plan, what: str) -> None
 
 
 def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dtype],
-            quantized: "QuantScheme | None" = None) -> None:
+            quantized: "QuantScheme | None" = None, merge: WeightMerge | None = None) -> None:
     """Read each tensor once, convert, and assign; a failure drops everything read so far.
 
     With `quantized`, each block matrix is quantized as soon as it is read: host memory holds
-    the growing model plus one matrix in transit, never the model twice."""
+    the growing model plus one matrix in transit, never the model twice. With `merge`, the
+    tensors it touches are changed in float32 on the way (one float32 matrix more in transit)."""
     from ..wan.dit import is_block_linear
 
     state: dict[str, torch.Tensor] = {}
@@ -198,13 +211,14 @@ def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dty
     try:
         for ours, file_key in plan.key_map.items():
             if quantized is not None and is_block_linear(ours) and ours.endswith(".weight"):
-                stored = _read_quantized(plan, ours, file_key, quantized)
+                stored = read_quantized(plan, ours, file_key, quantized, merge)
                 state[ours] = stored.codes
                 state[ours[:-len("weight")] + "weight_scale"] = stored.scales
                 kept += stored.kept_as_stored
                 del stored
             else:
-                state[ours] = _read_converted(plan, ours, file_key, dtype_for(ours))
+                state[ours] = read_converted(plan, ours, file_key, dtype_for(ours),
+                                             merge)
         module.load_state_dict(state, strict=True, assign=True)
         if quantized is not None:
             plan.info.quantization = quantized.name
@@ -223,8 +237,10 @@ def _file_scale(plan: _Plan, ours: str) -> torch.Tensor | None:
     return plan.source.read(plan.scales[ours]) if ours in plan.scales else None
 
 
-def _read_converted(plan: _Plan, ours: str, file_key: str, dtype: torch.dtype) -> torch.Tensor:
-    """One tensor in `dtype`; quantized ones (fp8-scaled files) dequantized with their scale."""
+def read_float(plan: _Plan, ours: str, file_key: str,
+               merge: WeightMerge | None = None) -> torch.Tensor:
+    """One tensor as the file has it (dequantized with its scale when it has one), or, when
+    `merge` touches it, as a float32 copy with the change added."""
     from ..quant.on_load import dequantize_stored
 
     scale = _file_scale(plan, ours)
@@ -235,15 +251,31 @@ def _read_converted(plan: _Plan, ours: str, file_key: str, dtype: torch.dtype) -
         except ValueError as exc:
             raise CheckpointError(f"{plan.info.path}: {plan.scales[ours]} (the scale of "
                                   f"{file_key} {list(tensor.shape)}): {exc}") from None
-    return tensor.to(dtype)
+    if merge is None or not merge.touches(ours):
+        return tensor
+    # a copy even when the file is float32: the reader's tensors may share the file mapping
+    weight = tensor.to(torch.float32, copy=True).contiguous()
+    del tensor
+    merge.apply_(ours, weight)
+    return weight
 
 
-def _read_quantized(plan: _Plan, ours: str, file_key: str, quantized: "QuantScheme"):
-    """One block matrix as `quantized` stores it (quant.on_load.stored_weight)."""
+def read_converted(plan: _Plan, ours: str, file_key: str, dtype: torch.dtype,
+                   merge: WeightMerge | None = None) -> torch.Tensor:
+    """One tensor in `dtype`; quantized ones (fp8-scaled files) dequantized with their scale."""
+    return read_float(plan, ours, file_key, merge).to(dtype)
+
+
+def read_quantized(plan: _Plan, ours: str, file_key: str, quantized: "QuantScheme",
+                   merge: WeightMerge | None = None):
+    """One block matrix as `quantized` stores it (quant.on_load.stored_weight); a merged one is
+    quantized from its float32 sum (fp8 files' codes are then not kept as stored)."""
     from ..quant.on_load import stored_weight
 
-    scale = _file_scale(plan, ours)
-    weight = plan.source.read(file_key)
+    if merge is not None and merge.touches(ours):
+        scale, weight = None, read_float(plan, ours, file_key, merge)
+    else:
+        scale, weight = _file_scale(plan, ours), plan.source.read(file_key)
     try:
         return stored_weight(quantized, weight, scale)
     except ValueError as exc:
@@ -348,14 +380,17 @@ def _load(path, expected, role) -> tuple[nn.Module, CheckpointInfo, _Plan]:
 
 
 def load_dit(path: str | Path, dtype: torch.dtype = torch.bfloat16,
-             quantization: str | None = None):
+             quantization: str | None = None, merge: WeightMerge | None = None):
     """A WanDiT on the CPU: block matrices and embeddings in `dtype`, norms and modulation in
     float32; fp8-scaled files are dequantized with their scales.
 
     quantization (a quant.schemes.SCHEMES name: fp8_e4m3fn, fp8_e4m3fn_fast, int8,
     int8_dynamic): the block matrices become quantized layers instead, each quantized as it is
     read (fp8 e4m3fn weights of pre-quantized files kept as stored when the scheme stores fp8);
-    everything else loads as above and the model computes in bf16."""
+    everything else loads as above and the model computes in bf16.
+
+    merge: changes added into the tensors it touches as they are read, in float32 and before
+    any quantization (a LoRA merged on load: lora.Merge)."""
     from ..quant.block_linears import quantize_block_linears
     from ..quant.schemes import COMPUTE_DTYPE, SCHEMES
     from ..wan.dit import is_block_linear, keeps_float32
@@ -380,7 +415,7 @@ def load_dit(path: str | Path, dtype: torch.dtype = torch.bfloat16,
             return torch.float32
         return COMPUTE_DTYPE if chosen is not None and is_block_linear(key) else dtype
 
-    _stream(plan, module, dtype_for, chosen)
+    _stream(plan, module, dtype_for, chosen, merge)
     return module.eval().requires_grad_(False), info
 
 

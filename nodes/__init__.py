@@ -3,6 +3,7 @@
 from .decode import WanTiledDecode
 from .latent import WanEmptyLatent, WanImageToVideoLatent
 from .loaders import WanCLIPVisionLoader, WanModelLoader, WanTextEncoderLoader, WanVAELoader
+from .lora import WanLoRALoader
 from .memory import WanMemoryProbe
 from .sampler import WanSampler
 from .text import WanTextEncode
@@ -22,6 +23,7 @@ _NODES = {
     "WanEnhancedTiledDecode": WanTiledDecode,
     "WanEnhancedMemoryProbe": WanMemoryProbe,
     "WanEnhancedSaveVideo": WanSaveVideo,
+    "WanEnhancedLoRALoader": WanLoRALoader,
 }
 
 NODE_CLASS_MAPPINGS = dict(_NODES)

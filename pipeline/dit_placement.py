@@ -11,11 +11,13 @@ other off, engine included.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from .. import host
+from ..lora.apply import bring_to
 from ..offload.block_swap import BlockSwap
 from .handles import WanModelHandle
 from .placement import DevicePlacement, tensor_bytes
@@ -41,6 +43,8 @@ class DiTPlacement:
         if handle is self.handle:
             return
         self.take_off()
+        # the handle's LoRAs, while every tensor is where it waits between runs
+        bring_to(handle.model, Path(handle.info.path), handle.quantization, handle.loras)
         blocks = list(handle.model.blocks)
         on_cpu = all(t.device.type == "cpu" for t in blocks[0].parameters()) if blocks else False
         count = min(self.block_swap, len(blocks)) if on_cpu else 0

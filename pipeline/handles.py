@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..checkpoints.loader import CheckpointInfo
 from ..wan.configs import pixel_stride, vae_kind
 from ..wan.latent_format import WAN21_LATENT, WAN22_LATENT, LatentFormat
+
+if TYPE_CHECKING:
+    from ..lora.apply import LoraChoice
 
 
 @dataclass(eq=False)
@@ -26,6 +30,9 @@ class WanModelHandle:
     # the loader's weight_dtype: what the worker processes of a several-GPU run load the file
     # with (None: a model not loaded from a file, which they cannot load)
     weight_dtype: str | None = None
+    # the LoRAs this handle's model computes with, in order (Wan LoRA Loader): handles of one
+    # loaded model share its module, which is brought to a handle's LoRAs when it computes
+    loras: tuple["LoraChoice", ...] = ()
 
     @property
     def name(self) -> str:

@@ -17,6 +17,7 @@ from ..checkpoints.clip_vision import check_clip_vision_keys
 from ..checkpoints.detect import COMPONENT_NAMES
 from ..checkpoints.loader import CheckpointInfo, inspect_checkpoint
 from ..checkpoints.reader import CheckpointError
+from ..lora.file import check_lora_keys
 
 # model folder -> the components a file in it may hold
 EXPECTED = {
@@ -24,8 +25,9 @@ EXPECTED = {
     "text_encoders": ("t5",),
     "vae": ("vae21", "vae22"),
     "clip_vision": ("clip_vision",),
+    "loras": ("lora",),
 }
-KIND_NAMES = {**COMPONENT_NAMES, "clip_vision": "CLIP vision encoder"}
+KIND_NAMES = {**COMPONENT_NAMES, "clip_vision": "CLIP vision encoder", "lora": "LoRA"}
 
 
 def loader_file_problem(folder: str, name, field: str) -> str | None:
@@ -60,14 +62,19 @@ def file_kind(path: Path, folder: str) -> str:
     if folder == "clip_vision":
         check_clip_vision_keys(path)
         return "clip_vision"
+    if folder == "loras":
+        check_lora_keys(path)
+        return "lora"
     try:
         return inspect_model_file(path).component
-    except CheckpointError:
-        try:  # name the other kind a loader is commonly given by mistake
-            check_clip_vision_keys(path)
-        except (CheckpointError, OSError):
-            raise
-        return "clip_vision"
+    except CheckpointError as error:
+        for kind, check in (("clip_vision", check_clip_vision_keys), ("lora", check_lora_keys)):
+            try:  # name the other kinds a loader is commonly given by mistake
+                check(path)
+            except (CheckpointError, OSError):
+                continue
+            return kind
+        raise error
 
 
 def inspect_model_file(path: str | Path) -> CheckpointInfo:

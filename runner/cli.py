@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench_command, demo_command, golden_command, report_command, run_command
+from . import (bench_command, demo_command, golden_command, lora_command, report_command,
+               run_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_command.add_parser(commands)
     report_command.add_parser(commands)
     bench_command.add_parser(commands)
+    lora_command.add_parser(commands)
     return parser
 
 

@@ -3,6 +3,8 @@ before any model loads (a node's own VALIDATE_INPUTS sees only its own constants
 
 - the VAE of a Wan Tiled Decode or Wan Image to Video Latent is the one the model's latents
   belong to (TI2V-5B: the Wan2.2 VAE; every other Wan model: the Wan2.1 VAE);
+- the LoRA of a Wan LoRA Loader fits the model it is given (the same sizes: every key placed,
+  every shape equal);
 - the width and height of a Wan Empty Latent / Image to Video Latent divide by the model's pixel
   stride (32 for TI2V-5B, 16 for the others), and sampling that size fits the compute device's
   memory in all (pipeline/memory_guard.py counts the latent copies and one forward's
@@ -21,7 +23,7 @@ from ..wan.configs import VAES, pixel_stride, vae_kind
 from .graph_types import Issue, Registry, is_link, node_title
 
 VAE_NAMES = {kind: spec.name for kind, spec in VAES.items()}
-PASS_THROUGH = {"WanEnhancedMemoryProbe": "value"}
+PASS_THROUGH = {"WanEnhancedMemoryProbe": "value", "WanEnhancedLoRALoader": "model"}
 LATENT_MAKERS = ("WanEnhancedEmptyLatent", "WanEnhancedImageToVideoLatent")
 MAX_HOPS = 64
 
@@ -43,6 +45,8 @@ def check_graph(nodes: Mapping[str, dict], registry: Registry, order: list[str])
             issues += graph.decode_vae_issues(node_id)
         elif class_type in LATENT_MAKERS:
             issues += graph.latent_issues(node_id)
+        elif class_type == "WanEnhancedLoRALoader":
+            issues += graph.lora_issues(node_id)
     return issues
 
 
@@ -122,6 +126,35 @@ class _Graph:
                         f"{model[0]!r} ({_known(model[1])}) (nearest valid: {low} or "
                         f"{low + stride})")))
         return issues
+
+    def lora_issues(self, node_id: str) -> list[Issue]:
+        """The LoRA file does not fit the model the loader is given (read from both headers)."""
+        import warnings
+
+        from .. import host
+        from ..lora.file import LoraError, check_lora_keys, open_lora
+        from ..lora.keymap import dit_shapes
+
+        inputs = self.nodes[node_id]["inputs"]
+        model, name = self.model(inputs.get("model")), inputs.get("lora_name")
+        if model is None or not isinstance(name, str):
+            return []
+        try:
+            path = host.resolve_model("loras", name)
+            check_lora_keys(path)
+        except Exception:  # unreadable, misnamed, not a LoRA: the node's validation says so
+            return []
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # unmatched modules: the node warns when it runs
+                open_lora(path, dit_shapes(model[1].config)).close()
+        except LoraError as error:
+            return [self._issue(node_id, "lora_name", (
+                f"{name!r} does not fit {model[0]!r} ({_known(model[1])}): "
+                f"{host.hide_server_paths(str(error))}"))]
+        except Exception:
+            return []
+        return []
 
     def _sampling_memory_issues(self, node_id: str, model, stride: int) -> list[Issue]:
         """Sampling this latent needs more memory than the compute device has in all."""

@@ -3,7 +3,8 @@
 decodable MP4s on tiny models, graphs that mix ComfyUI's own nodes with ours run, the
 broken-graph corpus is refused by /prompt and by our validator with the same verdict, and the
 hostile-workflow corpus (hostile_corpus.py) is refused by /prompt itself at the same node and
-input as by our command line, with nothing written and no server path in the answer.
+input as by our command line, with nothing written and no server path in the answer, and the Wan
+LoRA Loader takes LoRAs from ComfyUI's `loras` folder (names only) in both modes.
 
 Needs a host made by tools/comfyui_host.sh (COMFYUI_HOME); skipped without one.
 """
@@ -23,7 +24,9 @@ import torch
 
 import hostile_corpus as corpus
 from wan_enhanced import NODE_CLASS_MAPPINGS
-from wan_enhanced.checkpoints.tiny import write_clip_vision, write_models_folder, write_vae
+from wan_enhanced.checkpoints.tiny import (TINY_DIT, write_clip_vision, write_dit,
+                                           write_models_folder, write_vae)
+from wan_enhanced.lora.tiny import random_lora, write_lora
 from wan_enhanced.pipeline.video_io import read_mp4
 from wan_enhanced.runner.client import Client, RemoteRunError
 from wan_enhanced.runner.demo_command import DEMO_SETTINGS, WORKFLOW
@@ -49,6 +52,12 @@ DITS = {"wan2.2_ti2v_5B_fp16.safetensors": ("ti2v", "wan2.2_vae.safetensors"),
 TINY_CLIP = dict(hidden=64, layers=2, heads=1, intermediate=128, image_size=28, patch=14)
 # ComfyUI's VAE loader builds the released Wan2.1 VAE's shape whatever the file holds
 NATIVE_VAE = "native_wan21_vae.safetensors"
+# the LoRA workflow's A14B T2V experts and their LoRAs, and a LoRA of the TI2V demo model
+LORA_EXPERTS = {"wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
+                "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+                "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors":
+                "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"}
+LORA = "tiny_ti2v_lora.safetensors"
 
 
 def write_model_set(root: Path) -> Path:
@@ -57,6 +66,10 @@ def write_model_set(root: Path) -> Path:
     write_clip_vision(root / "clip_vision" / "clip_vision_h.safetensors", TINY_CLIP)
     write_vae(root / "vae" / NATIVE_VAE, "vae21", config={"dim": 96, "z_dim": 16},
               dtype=torch.float16)
+    for seed, (expert, lora) in enumerate(LORA_EXPERTS.items()):
+        write_dit(root / "diffusion_models" / expert, TINY_DIT["t2v"], "comfy_fp8", seed=seed)
+        write_lora(root / "loras" / lora, random_lora(TINY_DIT["t2v"], seed=seed), "generic")
+    write_lora(root / "loras" / LORA, random_lora(TINY_DIT["ti2v"], seed=1, alpha=2.0), "kohya")
     return root
 
 
@@ -75,6 +88,7 @@ def server(tmp_path_factory):
     config.write_text("".join(
         f"{name}:\n  base_path: {base}\n  diffusion_models: diffusion_models\n"
         f"  text_encoders: text_encoders\n  vae: vae\n  clip_vision: clip_vision\n"
+        f"  loras: loras\n"
         for name, base in (("wan_test", models), ("wan_hostile", hostile.models))))
     link = COMFY / "custom_nodes" / PACK.name
     if not link.exists():
@@ -398,3 +412,50 @@ def test_each_prompt_writes_its_own_event_log_with_its_id(server, tmp_path):
         log = json.loads((root / "out" / "prompt_logs" / "probe.json").read_text())
         assert log["run"]["prompt_id"] == result.prompt_id
         assert [e["label"] for e in log["events"]] == ["here"]  # nothing of earlier prompts
+
+
+# -- the LoRA loader inside ComfyUI ---------------------------------------------------------------
+
+def _with_lora(workflow: dict, name, mode: str) -> dict:
+    """The demo workflow with a Wan LoRA Loader between the model loader and its users."""
+    workflow = json.loads(json.dumps(workflow))
+    for node in workflow.values():
+        for key, value in node["inputs"].items():
+            if value == ["1", 0]:
+                node["inputs"][key] = ["90", 0]
+    workflow["90"] = {"class_type": "WanEnhancedLoRALoader",
+                      "inputs": {"model": ["1", 0], "lora_name": name, "strength": 0.8,
+                                 "mode": mode}}
+    return workflow
+
+
+def test_lora_loader_lists_the_loras_folder(server):
+    url, _, _ = server
+    info = json.load(urllib.request.urlopen(url + "/object_info/WanEnhancedLoRALoader",
+                                            timeout=30))
+    required = info["WanEnhancedLoRALoader"]["input"]["required"]
+    assert LORA in required["lora_name"][0]
+    assert required["mode"][0] == ["merge", "unmerged"]
+
+
+@pytest.mark.parametrize("mode", ["merge", "unmerged"])
+def test_lora_workflow_runs_through_prompt(server, tmp_path, mode):
+    url, _, _ = server
+    client = Client(url, timeout=60)
+    workflow = apply_overrides(load_workflow(WORKFLOW), list(DEMO_SETTINGS), client.registry())
+    result = client.run(_with_lora(workflow, LORA, mode), tmp_path / "downloads")
+    videos = [f for f in result.files if str(f).endswith(".mp4")]
+    assert result.status == "success" and len(videos) == 1
+
+
+def test_lora_loader_takes_only_names_of_the_loras_folder(server):
+    url, root, _ = server
+    workflow = apply_overrides(load_workflow(WORKFLOW), list(DEMO_SETTINGS),
+                               Client(url, timeout=60).registry())
+    absolute = str(root / "models" / "loras" / LORA)
+    for name in (absolute, "../loras/" + LORA, "missing.safetensors"):
+        status, reply = _post(url, _with_lora(workflow, name, "merge"))
+        assert status == 400, reply
+        errors = reply.get("node_errors", {}).get("90", {}).get("errors", [])
+        assert any(_names_input(e, "lora_name") for e in errors), reply
+        assert str(root) not in json.dumps(reply).replace(json.dumps(absolute)[1:-1], "")

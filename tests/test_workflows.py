@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from wan_enhanced import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, host
-from wan_enhanced.checkpoints.tiny import write_clip_vision, write_models_folder
+from wan_enhanced.checkpoints.tiny import TINY_DIT, write_clip_vision, write_dit, write_models_folder
+from wan_enhanced.lora.tiny import random_lora, write_lora
 from wan_enhanced.profiling.events import EventLog
 from wan_enhanced.runner.cli import main
 from wan_enhanced.runner.headless_nodes import local_registry
@@ -21,9 +22,15 @@ API = sorted((ROOT / "api_workflows").glob("*.json"))
 SCENARIOS = {"wan22_ti2v_5b_speed_preview", "wan22_ti2v_5b_efficiency", "wan22_ti2v_5b_max_quality",
              "wan22_ti2v_5b_long_duration", "wan21_t2v_1_3b_memory_baseline",
              "wan21_tiled_decode_comparison", "wan22_ti2v_5b_image_to_video",
-             "wan22_i2v_a14b_image_to_video", "wan21_i2v_14b_image_to_video"}
+             "wan22_i2v_a14b_image_to_video", "wan21_i2v_14b_image_to_video",
+             "wan22_t2v_a14b_4step_lora"}
 IMAGE_TO_VIDEO = sorted(name for name in SCENARIOS if name.endswith("image_to_video"))
 TINY_CLIP = dict(hidden=64, layers=2, heads=1, intermediate=128, image_size=28, patch=14)
+# the A14B experts and their 4-step LoRAs of the LoRA example
+EXPERTS = {"wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
+           "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+           "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors":
+           "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +43,9 @@ def models(tmp_path_factory):
     write_models_folder(root, dit_name="wan2.1_t2v_1.3B_fp16.safetensors",
                         vae_name="wan_2.1_vae.safetensors",
                         text_encoder_name="umt5_xxl_fp16.safetensors", kind="t2v")
+    for seed, (expert, lora) in enumerate(EXPERTS.items()):
+        write_dit(root / "diffusion_models" / expert, TINY_DIT["t2v"], "comfy_fp8", seed=seed)
+        write_lora(root / "loras" / lora, random_lora(TINY_DIT["t2v"], seed=seed), "generic")
     for dit, kind in (("wan2.2_i2v_high_noise_14B_fp16.safetensors", "i2v_a14b"),
                       ("wan2.2_i2v_low_noise_14B_fp16.safetensors", "i2v_a14b"),
                       ("wan2.1_i2v_480p_14B_fp16.safetensors", "i2v")):

@@ -34,7 +34,6 @@ from wan_enhanced.bench import harness as peer
 
 from wan_enhanced.atomic_files import write_atomically
 from wan_enhanced.offload.block_swap import BlockSwap
-from wan_enhanced.wan.dit import WanDiT
 
 GIB = peer.GIB
 CASES = ("dit_1_3b", "dit_14b", "dit_5b")
@@ -66,17 +65,9 @@ def block_copy_speed(swap: BlockSwap, device: torch.device) -> tuple[float, floa
 
 def run_case(name: str, args, device: torch.device, modes: list[str]) -> list[dict]:
     case = peer.CASES[name]
-    config = peer.dit_config(case, args.quick)
-    latent = peer.QUICK_LATENT[name] if args.quick else case.latent
     dtype = peer.run_dtype(device)
-    with torch.device("meta"):
-        skeleton = WanDiT(config)
-    state = peer.random_state(skeleton, args.seed, device, dtype)
-    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
-    noise = torch.randn(latent, generator=gen, device=device).to(dtype)
-    context = torch.randn(1, config.text_len, config.text_dim, generator=gen,
-                          device=device).to(dtype)
-    timestep = torch.full((1,), peer.TIMESTEP, device=device)
+    config, latent, state, noise, context, timestep = peer.dit_setup(
+        name, args.quick, args.seed, device, dtype, per_token_timestep=False).parts()
     model = peer.ours_dit(config, state, dtype)
     del state
     weights = peer.device_bytes(model)

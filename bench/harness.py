@@ -76,6 +76,44 @@ def run_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+@dataclass
+class DiTSetup:
+    """One DiT case ready to run: its configuration, seeded random weights on the device and
+    seeded inputs (noise, 512 text rows, t = TIMESTEP)."""
+    config: DiTConfig
+    latent: tuple[int, ...]
+    state: dict[str, torch.Tensor]
+    noise: torch.Tensor
+    context: torch.Tensor
+    timestep: torch.Tensor
+
+    def parts(self) -> tuple:
+        return (self.config, self.latent, self.state, self.noise, self.context, self.timestep)
+
+
+def dit_setup(name: str, quick: bool, seed: int, device: torch.device, dtype: torch.dtype,
+              per_token_timestep: bool | None = None) -> DiTSetup:
+    """Case `name`'s weights (seed) and inputs (seed + 1). The timestep is one per token where
+    the case says so (diffusers' TI2V form; per_token_timestep overrides), else one per
+    sample."""
+    case = CASES[name]
+    config = dit_config(case, quick)
+    latent = QUICK_LATENT[name] if quick else case.latent
+    with torch.device("meta"):
+        skeleton = WanDiT(config)
+    state = random_state(skeleton, seed, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    noise = torch.randn(latent, generator=gen, device=device).to(dtype)
+    context = torch.randn(1, config.text_len, config.text_dim, generator=gen,
+                          device=device).to(dtype)
+    per_token = case.per_token_timestep if per_token_timestep is None else per_token_timestep
+    b, _, f, h, w = latent
+    pt, ph, pw = config.patch_size
+    tokens = (f // pt) * (h // ph) * (w // pw)
+    timestep = torch.full((b, tokens) if per_token else (b,), TIMESTEP, device=device)
+    return DiTSetup(config, latent, state, noise, context, timestep)
+
+
 # -- weights --------------------------------------------------------------------------------
 
 def random_state(module: torch.nn.Module, seed: int, device: torch.device,

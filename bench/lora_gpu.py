@@ -111,23 +111,9 @@ def run_speed(args, device: torch.device, lora_path: Path) -> list[dict]:
     from wan_enhanced.lora.apply import bring_to
     from wan_enhanced.lora.layers import wrappers
     from wan_enhanced.pipeline.lora import with_lora
-    from wan_enhanced.wan.dit import WanDiT
 
-    case = peer.CASES[args.case]
-    config = peer.dit_config(case, args.quick)
-    latent = peer.QUICK_LATENT[args.case] if args.quick else case.latent
-    with torch.device("meta"):
-        skeleton = WanDiT(config)
-    state = peer.random_state(skeleton, args.seed, device, DTYPE)
-    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
-    noise = torch.randn(latent, generator=gen, device=device).to(DTYPE)
-    context = torch.randn(1, config.text_len, config.text_dim, generator=gen,
-                          device=device).to(DTYPE)
-    b, _, f, h, w = latent
-    pt, ph, pw = config.patch_size
-    tokens = (f // pt) * (h // ph) * (w // pw)
-    timestep = (torch.full((b, tokens), peer.TIMESTEP, device=device)
-                if case.per_token_timestep else torch.full((b,), peer.TIMESTEP, device=device))
+    config, latent, state, noise, context, timestep = peer.dit_setup(
+        args.case, args.quick, args.seed, device, DTYPE).parts()
     write_random_lora(lora_path, config, args.rank, args.seed + 2)
 
     rows = []

@@ -191,17 +191,8 @@ def kernel_table(fn, layers: int, top: int = 14) -> str:
 
 def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
     case = peer.CASES[name]
-    config = peer.dit_config(case, args.quick)
-    latent = peer.QUICK_LATENT[name] if args.quick else case.latent
-    with torch.device("meta"):
-        skeleton = WanDiT(config)
-    state = peer.random_state(skeleton, args.seed, device, torch.bfloat16)
-    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
-    dtype = torch.bfloat16
-    noise = torch.randn(latent, generator=gen, device=device).to(dtype)
-    context = torch.randn(1, config.text_len, config.text_dim, generator=gen,
-                          device=device).to(dtype)
-    timestep = torch.full((1,), peer.TIMESTEP, device=device)
+    config, latent, state, noise, context, timestep = peer.dit_setup(
+        name, args.quick, args.seed, device, torch.bfloat16, per_token_timestep=False).parts()
     print(f"{name}: latent {latent}", flush=True)
     reference = float32_reference(config, state, (noise, timestep, context),
                                   tf32=name == "dit_14b" and not args.quick)

@@ -61,22 +61,10 @@ def build_model(config, state: dict[str, torch.Tensor], weights: str) -> WanDiT:
 
 def run_case(name: str, args, device: torch.device) -> list[dict]:
     case = peer.CASES[name]
-    config = peer.dit_config(case, args.quick)
-    latent = peer.QUICK_LATENT[name] if args.quick else case.latent
-    with torch.device("meta"):
-        skeleton = WanDiT(config)
-    state = peer.random_state(skeleton, args.seed, device, DTYPE)
-    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
-    noise = torch.randn(latent, generator=gen, device=device).to(DTYPE)
-    context = torch.randn(1, config.text_len, config.text_dim, generator=gen,
-                          device=device).to(DTYPE)
     # the peer benchmark's timestep form (TI2V-5B: one per token), so the bf16 rows compare
     # with its figures
-    b, _, f, h, w = latent
-    pt, ph, pw = config.patch_size
-    tokens = (f // pt) * (h // ph) * (w // pw)
-    timestep = (torch.full((b, tokens), peer.TIMESTEP, device=device)
-                if case.per_token_timestep else torch.full((b,), peer.TIMESTEP, device=device))
+    config, latent, state, noise, context, timestep = peer.dit_setup(
+        name, args.quick, args.seed, device, DTYPE).parts()
 
     rows, reference = [], {}
     for weights in args.scheme:

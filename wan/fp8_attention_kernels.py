@@ -29,9 +29,10 @@ def _round_int8(x):
 
 
 @triton.jit
-def quantize_q_kernel(x_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l, stride_h,
-                      score_scale, BLOCK: tl.constexpr, D: tl.constexpr):
-    """int8 codes, one scale per token: its largest magnitude over the head's channels / 127."""
+def _head_block(x_ptr, L, H, stride_b, stride_l, stride_h, BLOCK: tl.constexpr,
+                D: tl.constexpr):
+    """This program's block of BLOCK tokens of one head of x [B, L, H, D] (rows past L read as
+    zeros), in float32, with its program id, batch-head index, row and channel indices."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -40,6 +41,14 @@ def quantize_q_kernel(x_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l, s
     cols = tl.arange(0, D)
     x = tl.load(x_ptr + b * stride_b + h * stride_h + rows[:, None] * stride_l + cols[None, :],
                 mask=rows[:, None] < L, other=0.0).to(tl.float32)
+    return pid, bh, rows, cols, x
+
+
+@triton.jit
+def quantize_q_kernel(x_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l, stride_h,
+                      score_scale, BLOCK: tl.constexpr, D: tl.constexpr):
+    """int8 codes, one scale per token: its largest magnitude over the head's channels / 127."""
+    pid, bh, rows, cols, x = _head_block(x_ptr, L, H, stride_b, stride_l, stride_h, BLOCK, D)
     scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-30) / INT8_MAX
     codes = _round_int8(x / scale[:, None])
     keep = rows < Lp
@@ -52,17 +61,9 @@ def quantize_q_kernel(x_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l, s
 def quantize_k_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l,
                       stride_h, BLOCK: tl.constexpr, D: tl.constexpr):
     """Keys minus their per-channel mean in int8 codes, one scale per BLOCK tokens."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    rows = pid * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.arange(0, D)
-    inside = rows[:, None] < L
-    x = tl.load(x_ptr + b * stride_b + h * stride_h + rows[:, None] * stride_l + cols[None, :],
-                mask=inside, other=0.0).to(tl.float32)
+    pid, bh, rows, cols, x = _head_block(x_ptr, L, H, stride_b, stride_l, stride_h, BLOCK, D)
     mean = tl.load(mean_ptr + bh.to(tl.int64) * D + cols)
-    x = tl.where(inside, x - mean[None, :], 0.0)
+    x = tl.where(rows[:, None] < L, x - mean[None, :], 0.0)
     scale = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-30) / INT8_MAX
     codes = _round_int8(x / scale)
     tl.store(out_ptr + bh.to(tl.int64) * Lp * D + rows[:, None] * D + cols[None, :], codes)
@@ -74,14 +75,7 @@ def quantize_vt_kernel(x_ptr, scale_ptr, out_ptr, L, Lp, H, stride_b, stride_l, 
                        BLOCK: tl.constexpr, D: tl.constexpr):
     """Values divided by their channel scale, written transposed [D, Lp] in out's dtype (fp8;
     bf16 with scales of 1 for the bf16 P V product)."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    rows = pid * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.arange(0, D)
-    x = tl.load(x_ptr + b * stride_b + h * stride_h + rows[:, None] * stride_l + cols[None, :],
-                mask=rows[:, None] < L, other=0.0).to(tl.float32)
+    pid, bh, rows, cols, x = _head_block(x_ptr, L, H, stride_b, stride_l, stride_h, BLOCK, D)
     scale = tl.load(scale_ptr + bh.to(tl.int64) * D + cols)
     codes = tl.trans((x / scale[None, :]).to(out_ptr.dtype.element_ty))
     tl.store(out_ptr + bh.to(tl.int64) * D * Lp + cols[:, None] * Lp + rows[None, :], codes)

@@ -84,3 +84,17 @@ def gloo_group():
     yield get
     for group in groups.values():
         group.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ti2v_models(tmp_path_factory) -> Path:
+    """A tiny Wan2.2 TI2V-5B models folder (tiny_sets.DIT, VAE, TE), written once."""
+    from tiny_sets import write_ti2v_set
+    return write_ti2v_set(tmp_path_factory.mktemp("ti2v_models"))
+
+
+@pytest.fixture(scope="session")
+def all_kinds_models(tmp_path_factory) -> Path:
+    """A tiny models folder with every kind (tiny_sets.NAMES), written once."""
+    from tiny_sets import write_all_kinds
+    return write_all_kinds(tmp_path_factory.mktemp("all_kinds_models"))

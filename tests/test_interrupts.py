@@ -16,18 +16,15 @@ import pytest
 import torch
 
 from wan_enhanced import host
-from wan_enhanced.checkpoints import tiny
 from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
 from wan_enhanced.runner.run_command import FAILED
 
-DIT, VAE, TE = "dit.safetensors", "vae.safetensors", "te.safetensors"
+from tiny_sets import DIT, VAE
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return tiny.write_models_folder(root, dit_name=DIT, vae_name=VAE, text_encoder_name=TE,
-                                    kind="ti2v")
+def models(ti2v_models):
+    return ti2v_models
 
 
 @pytest.fixture

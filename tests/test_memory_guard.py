@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from wan_enhanced import host
-from wan_enhanced.checkpoints import tiny
 from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
 from wan_enhanced.nodes.common import NodeInputError
 from wan_enhanced.pipeline import loading
@@ -21,15 +20,13 @@ from wan_enhanced.wan.configs import KNOWN_DITS
 
 WORKFLOW = Path(__file__).resolve().parent.parent / "api_workflows" / \
     "wan22_ti2v_5b_speed_preview.json"
-DIT, VAE, TE = "dit.safetensors", "vae.safetensors", "te.safetensors"
+from tiny_sets import DIT, TE, VAE
 GIB = 1 << 30
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return tiny.write_models_folder(root, dit_name=DIT, vae_name=VAE, text_encoder_name=TE,
-                                    kind="ti2v")
+def models(ti2v_models):
+    return ti2v_models
 
 
 @pytest.fixture

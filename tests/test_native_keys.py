@@ -6,30 +6,18 @@ import pytest
 import torch
 
 from wan_enhanced import host
-from wan_enhanced.checkpoints import tiny
 from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
 from wan_enhanced.nodes.common import NodeInputError
 from wan_enhanced.sampling.noise import make_noise
 from wan_enhanced.wan.latent_format import WAN22_LATENT
 
-NAMES = {"ti2v": ("tiny_ti2v.safetensors", "tiny_vae22.safetensors"),
-         "t2v": ("tiny_t2v.safetensors", "tiny_vae21.safetensors"),
-         "i2v_a14b": ("tiny_i2v_a14b.safetensors", "tiny_vae21.safetensors"),
-         "i2v": ("tiny_i2v.safetensors", "tiny_vae21.safetensors")}
-CLIP = "tiny_clip_vision_h.safetensors"
-TINY_CLIP = dict(hidden=64, layers=2, heads=1, intermediate=128, image_size=28, patch=14)
-TE = "tiny_umt5.safetensors"
+from tiny_sets import ALL_TE as TE, CLIP, NAMES
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    for kind, (dit, vae) in NAMES.items():
-        tiny.write_models_folder(root, dit_name=dit, vae_name=vae, text_encoder_name=TE, kind=kind)
-    (root / "clip_vision").mkdir()
-    tiny.write_clip_vision(root / "clip_vision" / CLIP, TINY_CLIP)
-    host.set_headless_folders(models=root)
-    yield root
+def models(all_kinds_models):
+    host.set_headless_folders(models=all_kinds_models)
+    yield all_kinds_models
     host.set_headless_folders(models="models")
 
 

@@ -13,20 +13,17 @@ import pytest
 
 from wan_enhanced import host
 from wan_enhanced.atomic_files import remove_stale_partials, write_atomically
-from wan_enhanced.checkpoints import tiny
 from wan_enhanced.runner import cli
 from wan_enhanced.runner.sweep import ResultsLog
 
 WORKFLOW = Path(__file__).resolve().parent.parent / "api_workflows" / \
     "wan22_ti2v_5b_speed_preview.json"
-DIT, VAE, TE = "dit.safetensors", "vae.safetensors", "te.safetensors"
+from tiny_sets import DIT, TE, VAE
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return tiny.write_models_folder(root, dit_name=DIT, vae_name=VAE, text_encoder_name=TE,
-                                    kind="ti2v")
+def models(ti2v_models):
+    return ti2v_models
 
 
 @pytest.fixture

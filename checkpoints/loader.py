@@ -198,19 +198,22 @@ def _check_shapes(path: Path, module: nn.Module, plan: _Plan, what: str) -> None
 
 
 def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dtype],
-            quantized: "QuantScheme | None" = None, merge: WeightMerge | None = None) -> None:
+            quantized: "QuantScheme | None" = None, merge: WeightMerge | None = None,
+            is_matrix: Callable[[str], bool] | None = None) -> None:
     """Read each tensor once, convert, and assign; a failure drops everything read so far.
 
     With `quantized`, each block matrix is quantized as soon as it is read: host memory holds
     the growing model plus one matrix in transit, never the model twice. With `merge`, the
-    tensors it touches are changed in float32 on the way (one float32 matrix more in transit)."""
+    tensors it touches are changed in float32 on the way (one float32 matrix more in transit).
+    is_matrix: which keys are the quantized matrices (the DiT's block matrices by default)."""
     from ..wan.dit import is_block_linear
 
+    is_matrix = is_block_linear if is_matrix is None else is_matrix
     state: dict[str, torch.Tensor] = {}
     kept = 0
     try:
         for ours, file_key in plan.key_map.items():
-            if quantized is not None and is_block_linear(ours) and ours.endswith(".weight"):
+            if quantized is not None and is_matrix(ours) and ours.endswith(".weight"):
                 stored = read_quantized(plan, ours, file_key, quantized, merge)
                 state[ours] = stored.codes
                 state[ours[:-len("weight")] + "weight_scale"] = stored.scales
@@ -222,7 +225,8 @@ def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dty
         module.load_state_dict(state, strict=True, assign=True)
         if quantized is not None:
             plan.info.quantization = quantized.name
-            plan.info.quantization_detail = _quantization_detail(plan, quantized, kept)
+            plan.info.quantization_detail = _quantization_detail(plan, quantized, kept,
+                                                                 is_matrix)
     except BaseException as exc:
         # the traceback keeps the failed step's frames alive: drop what they would hold
         state.clear()
@@ -283,11 +287,9 @@ def read_quantized(plan: _Plan, ours: str, file_key: str, quantized: "QuantSchem
         raise CheckpointError(f"{plan.info.path}: {where}: {exc}") from None
 
 
-def _quantization_detail(plan: _Plan, quantized: "QuantScheme", kept: int) -> str:
-    from ..wan.dit import is_block_linear
-
-    matrices = sum(1 for ours in plan.key_map
-                   if is_block_linear(ours) and ours.endswith(".weight"))
+def _quantization_detail(plan: _Plan, quantized: "QuantScheme", kept: int,
+                         is_matrix: Callable[[str], bool]) -> str:
+    matrices = sum(1 for ours in plan.key_map if is_matrix(ours) and ours.endswith(".weight"))
     parts = []
     if kept:
         scales = "with the file's scales" if plan.scales else "no scales in the file: scale 1"
@@ -428,11 +430,26 @@ def load_vae(path: str | Path, dtype: torch.dtype = torch.float32):
 
 def load_text_encoder(path: str | Path, dtype: torch.dtype = torch.bfloat16):
     """The umT5 encoder on the CPU, plus the sentencepiece model bytes when the file embeds one
-    (ComfyUI's text-encoder files carry it as a uint8 tensor `spiece_model`)."""
+    (ComfyUI's text-encoder files carry it as a uint8 tensor `spiece_model`).
+
+    A file whose block matrices are fp8 e4m3fn (ComfyUI's umt5_xxl_fp8_e4m3fn_scaled) keeps them
+    as stored, with their scales, dequantized to `dtype` per matmul: the model holds half the
+    bytes of a bf16 one and computes what the file dequantized to `dtype` on load would."""
+    from ..quant.block_linears import quantize_block_linears
+    from ..quant.schemes import Float8WeightOnlyConfig
+    from ..wan.t5 import is_block_matrix
+
     module, info, plan = _load(path, ("t5",), "text encoder loader")
     spiece = None
     if "spiece_model" in plan.source.keys():
         spiece = plan.source.read("spiece_model").numpy().tobytes()
-    _stream(plan, module, lambda k: dtype)
+    fp8 = any(plan.source.dtype(f) == torch.float8_e4m3fn
+              for ours, f in plan.key_map.items() if is_block_matrix(ours))
+    kept = Float8WeightOnlyConfig() if fp8 else None
+    if kept is not None:  # empty fp8 layers on the meta device, for the file's codes
+        quantize_block_linears(module, kept, compute_dtype=dtype,
+                               filter_fn=lambda m, name: isinstance(m, nn.Linear)
+                               and is_block_matrix(f"{name}.weight"))
+    _stream(plan, module, lambda k: dtype, kept, is_matrix=is_block_matrix)
     return module.eval().requires_grad_(False), spiece, info
 

@@ -7,9 +7,10 @@ modulation tables and the head are small and sensitive, and stay as they are.
 
 from __future__ import annotations
 
-import torch.nn as nn
-
 from typing import Callable
+
+import torch
+import torch.nn as nn
 
 from ..wan.dit import is_block_linear
 from .linear import QuantizedLinear
@@ -30,19 +31,21 @@ def block_linear_names(model: nn.Module,
 
 
 def quantize_block_linears(model: nn.Module, config: QuantConfig | str,
-                           filter_fn: Callable[[nn.Module, str], bool] = is_block_matrix
-                           ) -> nn.Module:
-    """Replace the layers of `model` (a WanDiT) that `filter_fn(module, qualified_name)` picks
-    (the block matrices by default) by quantized layers of `config` (or its weight_dtype name),
-    in place; its compute dtype becomes bf16. The weights are quantized from the layers' own
-    values; on the meta device this only builds empty quantized layers, ready for a
-    checkpoint's tensors."""
+                           filter_fn: Callable[[nn.Module, str], bool] = is_block_matrix,
+                           compute_dtype: torch.dtype = COMPUTE_DTYPE) -> nn.Module:
+    """Replace the layers of `model` (a WanDiT, or another model with a filter) that
+    `filter_fn(module, qualified_name)` picks (the DiT's block matrices by default) by quantized
+    layers of `config` (or its weight_dtype name), in place, computing in `compute_dtype` (the
+    model's compute_dtype, where it has one, becomes that too). The weights are quantized from
+    the layers' own values; on the meta device this only builds empty quantized layers, ready
+    for a checkpoint's tensors."""
     chosen = scheme_named(config) if isinstance(config, str) else config
     for name in block_linear_names(model, filter_fn):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, chosen.quantize(getattr(parent, child)))
-    model.compute_dtype = COMPUTE_DTYPE
+        setattr(parent, child, chosen.quantize(getattr(parent, child), compute_dtype))
+    if hasattr(model, "compute_dtype"):
+        model.compute_dtype = compute_dtype
     return model
 
 

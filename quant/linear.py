@@ -43,6 +43,7 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.compute_dtype = compute_dtype  # what the weights are dequantized to by default
         self.weight = _frozen(torch.empty(out_features, in_features, dtype=self.fmt.dtype,
                                           device=device))
         self.weight_scale = _frozen(torch.ones(out_features, dtype=torch.float32,

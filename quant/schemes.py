@@ -41,8 +41,9 @@ class QuantConfig:
     def storage_dtype(self) -> torch.dtype:
         return self.layer.fmt.dtype
 
-    def quantize(self, linear: torch.nn.Linear) -> QuantizedLinear:
-        return self.layer.from_linear(linear, COMPUTE_DTYPE, **self.options)
+    def quantize(self, linear: torch.nn.Linear,
+                 compute_dtype: torch.dtype = COMPUTE_DTYPE) -> QuantizedLinear:
+        return self.layer.from_linear(linear, compute_dtype, **self.options)
 
 
 @dataclass(frozen=True)

@@ -162,13 +162,28 @@ class EncoderBlock(nn.Module):
                 padding_bias: torch.Tensor | None) -> torch.Tensor:
         """x: residual stream [B, L, dim] (float32, float64 for float64 weights);
         buckets [L, L]; padding_bias [B, 1, 1, L] in the residual dtype."""
-        dtype = self.attn.q.weight.dtype
+        dtype = compute_dtype(self.attn.q)
         bias = self.pos_embedding(buckets)
         if padding_bias is not None:
             bias = bias + padding_bias
         bias = clamp_to_dtype(bias, dtype).to(dtype)
         x = x + self.attn(self.norm1(x, dtype), bias).to(x.dtype)
         return x + self.ffn(self.norm2(x, dtype)).to(x.dtype)
+
+
+def compute_dtype(layer: nn.Module) -> torch.dtype:
+    """The dtype a block computes in: its weights', or for 8-bit weights (fp8 files kept as
+    stored, dequantized per matmul) the dtype they are dequantized to."""
+    return getattr(layer, "compute_dtype", None) or layer.weight.dtype
+
+
+def is_block_matrix(key: str) -> bool:
+    """Keys of the encoder blocks' attention and feed-forward matrices (nearly all of the
+    weights; a scaled-fp8 file stores these in fp8)."""
+    parts = key.split(".")
+    return (len(parts) >= 5 and parts[0] == "blocks" and parts[-1] == "weight"
+            and parts[2] in ("attn", "ffn") and parts[3] in ("q", "k", "v", "o", "gate", "fc1",
+                                                          "fc2"))
 
 
 class UMT5Encoder(nn.Module):

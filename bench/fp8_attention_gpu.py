@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from wan_enhanced.atomic_files import write_atomically
+from wan_enhanced.bench.harness import device_name, save_result
 from wan_enhanced.wan import fp8_attention as fa
 from wan_enhanced.wan.attention import get_backend
 
@@ -147,13 +147,10 @@ def main(argv=None) -> int:
         print(f"fp8 attention cannot run here: {reason}", file=sys.stderr)
         return 2
     rows = [run_shape(name, args, device) for name in args.shape]
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    meta = {"device": device_name(device), "torch": torch.__version__,
             "command": " ".join(sys.argv)}
-    write_atomically(args.out / "fp8_attention.json",
-                     json.dumps({"meta": meta, "rows": rows}, indent=1).encode())
     table = markdown(rows)
-    write_atomically(args.out / "fp8_attention.md", table.encode())
+    save_result(args.out, "fp8_attention", {"meta": meta, "rows": rows}, table)
     print(table)
     return 0
 

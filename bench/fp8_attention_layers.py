@@ -13,7 +13,6 @@ and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import torch.nn.functional as F
 
 from wan_enhanced.bench import harness as peer
 
-from wan_enhanced.atomic_files import write_atomically
 from wan_enhanced.wan import attention, fp8_attention as fa
 from wan_enhanced.wan.dit import WanDiT
 
@@ -93,12 +91,9 @@ def main(argv=None) -> int:
         print(f"fp8 attention cannot run here: {reason}", file=sys.stderr)
         return 2
     rows = [run_case(name, args.seed, device) for name in args.case]
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_atomically(args.out / "fp8_attention_layers.json",
-                     json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
-                                indent=1).encode())
     table = markdown(rows)
-    write_atomically(args.out / "fp8_attention_layers.md", table.encode())
+    peer.save_result(args.out, "fp8_attention_layers",
+                     {"device": peer.device_name(device), "rows": rows}, table)
     print(table)
     return 0
 

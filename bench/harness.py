@@ -220,6 +220,33 @@ def difference(ours: torch.Tensor | None, theirs: torch.Tensor | None) -> tuple[
     return diff, diff / scale if scale > 0 else math.inf
 
 
+def float32_forward(config: DiTConfig, state: dict[str, torch.Tensor], noise: torch.Tensor,
+                    timestep: torch.Tensor, context: torch.Tensor,
+                    tf32: bool = False) -> torch.Tensor:
+    """Our DiT computed in float32 end to end on the same weights and inputs: what the
+    lower-precision runs approximate (our float32 DiT equals diffusers' and ComfyUI's to float32
+    rounding). The weights become float32 in place, one tensor at a time, and go back to their
+    dtype after (exactly: their values came from it), so the model is never held twice.
+    tf32: TF32 matrix products, for the largest cases (some hundred times finer than bf16)."""
+    dtypes = {key: value.dtype for key, value in state.items()}
+    for key in dtypes:
+        state[key] = state[key].float()
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    model = None
+    try:
+        model = ours_dit(config, state, torch.float32)
+        with torch.inference_mode():
+            out = model(noise.float(), timestep, context.float(), attention="sdpa")
+        return out.float().cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+        del model
+        for key, dtype in dtypes.items():
+            state[key] = state[key].to(dtype)
+        free_memory()
+
+
 def distance(out: torch.Tensor | None, ref: torch.Tensor) -> dict:
     """max |out - ref| / max |ref| and ||out - ref|| / ||ref||, in float64 on the CPU."""
     if out is None:

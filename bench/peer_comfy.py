@@ -129,30 +129,6 @@ def ours_model(config, state, weights: str) -> WanDiT:
     return model if weights == "bf16" else quantize_block_linears(model, weights)
 
 
-def float32_reference(config, state, inputs, tf32: bool) -> torch.Tensor:
-    """Our model in float32 on float32 copies of the weights (made one tensor at a time, in
-    place of the bf16 ones, and turned back after: exact, the values came from bf16)."""
-    keys = list(state)
-    for key in keys:
-        state[key] = state[key].float()
-    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-    try:
-        with torch.device("meta"):
-            model = WanDiT(config, torch.float32)
-        model.load_state_dict(state, strict=True, assign=True)
-        noise, timestep, context = inputs
-        with torch.inference_mode():
-            out = model(noise.float(), timestep, context.float(), attention="sdpa")
-        return out.float().cpu()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
-        del model
-        for key in keys:
-            state[key] = state[key].to(torch.bfloat16)
-        peer.free_memory()
-
-
 # -- profiling ---------------------------------------------------------------------------------
 
 KERNEL_KINDS = (("attention", ("fmha", "flash", "attention_kernel", "attn", "cudnn")),
@@ -194,8 +170,8 @@ def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
     config, latent, state, noise, context, timestep = peer.dit_setup(
         name, args.quick, args.seed, device, torch.bfloat16, per_token_timestep=False).parts()
     print(f"{name}: latent {latent}", flush=True)
-    reference = float32_reference(config, state, (noise, timestep, context),
-                                  tf32=name == "dit_14b" and not args.quick)
+    reference = peer.float32_forward(config, state, noise, timestep, context,
+                                     tf32=name == "dit_14b" and not args.quick)
     cpu = functools.partial(lambda t: t.float().cpu())
     results, profiles = {}, [f"## {name}"]
     modes = [m for m in MODES if m in args.mode]

@@ -58,8 +58,8 @@ import torch
 from wan_enhanced.atomic_files import write_atomically
 from wan_enhanced.bench.harness import (CASES, GIB, QUICK_DIT, QUICK_LATENT, TIMESTEP,  # noqa: F401
                                         DiTCase, Run, VAECase, device_bytes, difference,
-                                        dit_config, fmt, free_memory, ours_dit, random_state,
-                                        ratio, run_dtype, timed, vae_config)
+                                        dit_config, float32_forward, fmt, free_memory, ours_dit,
+                                        random_state, ratio, run_dtype, timed, vae_config)
 from wan_enhanced.checkpoints.tiny import (_diffusers_config_json,
                                            dit_ours_to_diffusers, vae_ours_to_diffusers)
 from wan_enhanced.vae_tiling.budget import estimate_decode_bytes, plan_budget_tiles
@@ -197,8 +197,10 @@ def run_dit(name: str, case: DiTCase, args, device: torch.device) -> list[dict]:
         print(f"  diffusers {mode}: {their_runs[mode].median_ms} ms", flush=True)
     del model
     free_memory()
-    reference = float32_reference(config, state, noise, timestep, context) if (
-        args.reference) else None
+    reference = None
+    if args.reference:
+        print("  float32 reference ...", flush=True)
+        reference = float32_forward(config, state, noise, timestep, context)
     del state
     free_memory()
 
@@ -213,20 +215,6 @@ def run_dit(name: str, case: DiTCase, args, device: torch.device) -> list[dict]:
             row["diffusers_vs_float32_rel"] = difference(theirs[t], reference)[1]
         rows.append(row)
     return rows
-
-
-def float32_reference(config: DiTConfig, state: dict[str, torch.Tensor], noise, timestep,
-                      context) -> torch.Tensor:
-    """The same network on the same (bf16-valued) weights and inputs computed in float32 end to
-    end: what the bf16 runs approximate. Our float32 DiT equals diffusers' to float32 rounding
-    (tests/test_peer_mapping.py), so it is a common reference for both."""
-    print("  float32 reference ...", flush=True)
-    model = ours_dit(config, {k: v.float() for k, v in state.items()}, torch.float32)
-    with torch.inference_mode():
-        out = model(noise.float(), timestep, context.float()).float().cpu()
-    del model
-    free_memory()
-    return out
 
 
 # our decoder untiled, tiled with its defaults (272 px tiles, stride 144x128: every pixel is

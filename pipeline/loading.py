@@ -10,10 +10,11 @@ from .. import host
 from ..checkpoints.clip_vision import load_clip_vision
 from ..checkpoints.loader import load_dit, load_text_encoder, load_vae
 from ..checkpoints.reader import CheckpointError
-from ..quant.kernels import fp8_matmul_unavailable, warn_once
+from ..gpu_support import warn_once
+from ..quant.kernels import fp8_matmul_unavailable
 from ..quant.linear import fast_fallback_message
 from ..quant.schemes import COMPUTE_DTYPE, SCHEMES
-from ..wan.attention import available_backends, resolve_backend
+from ..wan.attention import available_backends, fp8_attention_fallback, resolve_backend
 from ..wan.fp8_attention import fp8_attention_unavailable
 from ..wan.tokenizer import UMT5Tokenizer
 from .handles import WanCLIPVisionHandle, WanModelHandle, WanTextEncoderHandle, WanVAEHandle
@@ -78,8 +79,7 @@ def _check_attention(attention: str) -> None:
     if attention == "fp8_triton":
         reason = fp8_attention_unavailable(host.compute_device())
         if reason is not None:
-            warn_once(f"attention 'fp8_triton' cannot run here: {reason}; using SDPA "
-                      f"(cuDNN first) instead")
+            warn_once(fp8_attention_fallback(reason))
 
 
 def _check_fast_fp8(weight_dtype: str) -> None:

@@ -10,23 +10,17 @@ PyTorch path rounds the GELU to bf16 first: a difference of bf16 rounding).
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
+from ..gpu_support import kernel_operator, triton_kernels_usable
 from .rowwise import FP8, quantize_rows
 
 MAX_WIDTH = 32768  # one row in one program's registers
 
 
-# Decided at import: under torch.compile these checks must be plain constants (a cached
-# function or a registration inside the traced code would split the compiled graph).
-TRITON = importlib.util.find_spec("triton") is not None
-
-
 def fused_gelu_available(x: torch.Tensor) -> bool:
-    return x.is_cuda and torch.version.hip is None and x.shape[-1] <= MAX_WIDTH and TRITON
+    return triton_kernels_usable(x) and x.shape[-1] <= MAX_WIDTH
 
 
 def gelu_quantize_reference(x: torch.Tensor, bias: torch.Tensor | None = None
@@ -52,26 +46,18 @@ def _launch(x: torch.Tensor, bias: torch.Tensor | None = None
     return codes, scales
 
 
-def _register():
-    namespace, name = "wan_enhanced_quant", "gelu_fp8_rows"
-    existing = getattr(getattr(torch.ops, namespace), name, None)
-    if existing is not None:
-        return existing
-
-    @torch.library.custom_op(f"{namespace}::{name}", mutates_args=())
-    def gelu_fp8_rows(x: torch.Tensor, bias: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        return _launch(x, bias)
-
-    @gelu_fp8_rows.register_fake
-    def _(x, bias):
-        return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
-                x.new_empty(x.shape[0], 1, dtype=torch.float32))
-
-    return gelu_fp8_rows
+def _gelu_fp8_rows(x: torch.Tensor, bias: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch(x, bias)
 
 
-GELU_FP8_ROWS = _register()
+def _gelu_fp8_rows_shape(x, bias):
+    return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+            x.new_empty(x.shape[0], 1, dtype=torch.float32))
+
+
+GELU_FP8_ROWS = kernel_operator("wan_enhanced_quant::gelu_fp8_rows", _gelu_fp8_rows,
+                                _gelu_fp8_rows_shape)
 
 
 def gelu_quantize(x: torch.Tensor, bias: torch.Tensor | None = None

@@ -16,38 +16,15 @@ tensor subclasses, which the block swap engine cannot move as raw bytes (it swap
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 
+from ..gpu_support import fp8_unavailable, warn_once
 from .rowwise import FP8, quantize_rows
 
-_WARNED: set[str] = set()
-
-
-def warn_once(message: str) -> None:
-    """A RuntimeWarning the first time `message` comes up in this process. Silent while
-    torch.compile traces (a warning would break the graph): the model loader warns about the
-    device at load time for that reason."""
-    if torch.compiler.is_compiling() or message in _WARNED:
-        return
-    _WARNED.add(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=2)
-
-
 def fp8_matmul_unavailable(device: torch.device) -> str | None:
-    """Why `torch._scaled_mm` cannot run on `device`, or None when it can. Traceable by
-    torch.compile: the device properties are constants to it."""
-    if device.type != "cuda":
-        return f"fp8 matmul needs a CUDA GPU; this runs on {device.type}"
-    if torch.version.hip is not None:
-        return "fp8 matmul of e4m3fn weights needs an NVIDIA GPU (ROCm GPUs use e4m3fnuz)"
-    props = torch.cuda.get_device_properties(device)
-    if (props.major, props.minor) < (8, 9):
-        return (f"fp8 matmul needs compute capability 8.9 or later; {props.name} has "
-                f"{props.major}.{props.minor}")
-    return None
+    """Why `torch._scaled_mm` cannot run on `device`, or None when it can."""
+    return fp8_unavailable(device, "fp8 matmul")
 
 
 def fp8_shape_unsupported(in_features: int, out_features: int) -> str | None:

@@ -16,9 +16,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..gpu_support import warn_once
 from .gelu_fp8 import gelu_quantize
 from .kernels import (fp8_codes_matmul, fp8_matmul_unavailable, fp8_scaled_matmul,
-                      fp8_shape_unsupported, int8_matmul, warn_once)
+                      fp8_shape_unsupported, int8_matmul)
 from .rowwise import FP8, INT8, RowFormat, dequantize_weight, quantize_rows, quantize_weight
 
 

@@ -10,7 +10,7 @@ import torch
 from wan_enhanced import NODE_CLASS_MAPPINGS, host
 from wan_enhanced.checkpoints import tiny
 from wan_enhanced.pipeline import loading
-from wan_enhanced.quant import kernels
+from wan_enhanced import gpu_support
 
 ROOT = Path(__file__).resolve().parent.parent
 # app/custom_node_manager.py: every one of these folders is listed in the template browser
@@ -36,7 +36,7 @@ def test_auto_dtype_is_fp32_on_a_cpu_and_bf16_on_a_gpu(tmp_path, monkeypatch):
     assert loading.resolve_dtype("auto", on_gpu=True) == "bf16"
     assert loading.resolve_dtype("auto", on_gpu=False) == "fp32"
     assert loading.resolve_dtype("fp16", on_gpu=True) == "fp16"
-    monkeypatch.setattr(kernels, "_WARNED", set())
+    monkeypatch.setattr(gpu_support, "_WARNED", set())
     with pytest.warns(RuntimeWarning, match="bf16 weights on the CPU: .*'auto' picks fp32"):
         assert loading.resolve_dtype("bf16", on_gpu=False) == "bf16"
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from wan_enhanced import gpu_support
 from wan_enhanced.wan import attention, fp8_attention as fa
 
 
@@ -77,7 +78,7 @@ def test_quantized_operands_use_the_stated_grids():
 
 def test_backend_falls_back_to_sdpa_with_a_warning_where_the_kernel_cannot_run():
     q, k, v = _qkv(64)
-    attention._WARNED.clear()
+    gpu_support._WARNED.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fn = attention.get_backend("fp8_triton", torch.device("cpu"), 128)

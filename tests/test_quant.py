@@ -23,6 +23,7 @@ from wan_enhanced.pipeline.loading import DTYPES, MODEL_DTYPES, load_model
 from wan_enhanced.pipeline.placement import tensor_bytes
 from wan_enhanced.quant import (SCHEMES, Fp8Linear, Int8Linear, QuantizedLinear,
                                 block_linear_names, quantize_block_linears, quantized_layers)
+from wan_enhanced import gpu_support
 from wan_enhanced.quant import kernels
 from wan_enhanced.quant import linear as quant_linear
 from wan_enhanced.quant.rowwise import FP8, INT8, dequantize_weight, quantize_rows, quantize_weight
@@ -45,7 +46,7 @@ DIT_BOUNDS = {"bf16": 5e-3, "fp8_e4m3fn": 2.5e-2, "fp8_e4m3fn_fast": 2.5e-2,
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     """Each test sees its own 'once' for the fallback warnings."""
-    monkeypatch.setattr(kernels, "_WARNED", set())
+    monkeypatch.setattr(gpu_support, "_WARNED", set())
 
 
 def spread_matrix(rows=96, cols=160, seed=0) -> torch.Tensor:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import warnings
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .fp8_attention import fp8_attention_unavailable, make_fp8_attention
+from ..gpu_support import warn_once
+from .fp8_attention import fp8_attention, fp8_attention_unavailable
 
 
 def _sdpa(q, k, v):
@@ -101,13 +101,9 @@ def resolve_backend(name: str, weight_dtype: str | None = None) -> str:
     return name
 
 
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+def fp8_attention_fallback(reason: str) -> str:
+    """What is said when fp8_triton cannot run (here, or by the loader at load time)."""
+    return f"attention 'fp8_triton' cannot run here: {reason}; using SDPA (cuDNN first) instead"
 
 
 def get_backend(name: str, device: torch.device | None = None,
@@ -124,8 +120,7 @@ def get_backend(name: str, device: torch.device | None = None,
     if resolve_backend(name) == "fp8_triton":
         reason = fp8_attention_unavailable(device or torch.device("cpu"), head_dim)
         if reason is None:
-            return make_fp8_attention()
-        _warn_once(f"attention 'fp8_triton' cannot run here: {reason}; using SDPA "
-                   f"(cuDNN first) instead")
+            return fp8_attention
+        warn_once(fp8_attention_fallback(reason))
         return _sdpa_cudnn
     return fn

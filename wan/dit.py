@@ -227,8 +227,8 @@ class WanBlock(nn.Module):
                 part, self.norm3, eps, compute_dtype)
             add_gated_(part, self.cross_attn.attend_rows(h, text_kv, image_kv, attend), None)
 
-        itemsize = torch.empty((), dtype=compute_dtype).element_size()
-        for start, end in ffn_chunks(length, groups, self.ffn[0].out_features, itemsize):
+        for start, end in ffn_chunks(length, groups, self.ffn[0].out_features,
+                                     compute_dtype.itemsize):
             out = feed_forward(self.ffn, normed(start, end, shift_ff, scale_ff))
             add_gated_(x[:, start:end], out, rows(gate_ff, start, end))
         return x

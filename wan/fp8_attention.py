@@ -21,12 +21,13 @@ key sequences (cross-attention to 512 text rows), where fp8 gains nothing, it us
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from ..gpu_support import TRITON, fp8_unavailable, kernel_operator
 
 FP8_MAX = 448.0
 K_BLOCK = 128
@@ -39,14 +40,11 @@ HEAD_DIMS = (64, 128)
 
 def fp8_attention_unavailable(device: torch.device, head_dim: int | None = None) -> str | None:
     """Why the fp8 kernel cannot run here, or None when it can."""
-    if device.type != "cuda" or torch.version.hip is not None:
-        return f"it needs an NVIDIA GPU; this runs on {device.type}"
-    if importlib.util.find_spec("triton") is None:
+    hardware = fp8_unavailable(device, "it")
+    if hardware is not None:
+        return hardware
+    if not TRITON:
         return "it needs Triton, which is not installed"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
-        return (f"it needs compute capability 8.9 or later (Ada, Hopper); "
-                f"{torch.cuda.get_device_name(device)} has {major}.{minor}")
     if head_dim is not None and head_dim not in HEAD_DIMS:
         return f"it supports head_dim {HEAD_DIMS}; this model has {head_dim}"
     return None
@@ -189,46 +187,25 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _register():
-    """The kernel as a PyTorch operator, so torch.compile keeps it whole inside a compiled
-    block. Registered once per process, also when two copies of this package are imported
-    (ComfyUI's custom_nodes copy and an installed one)."""
-    namespace, name = "wan_enhanced_attention", "fp8_self_attention"
-    existing = getattr(getattr(torch.ops, namespace), name, None)
-    if existing is not None:
-        return existing
-
-    @torch.library.custom_op(f"{namespace}::{name}", mutates_args=())
-    def fp8_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return _launch(q, k, v)
-
-    @fp8_self_attention.register_fake
-    def _(q, k, v):
-        return torch.empty_like(q, memory_format=torch.contiguous_format)
-
-    return fp8_self_attention
+def _fp8_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return _launch(q, k, v)
 
 
-FP8_SELF_ATTENTION = _register()  # at import: never inside a compiled region
+def _fp8_self_attention_shape(q, k, v):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-def make_fp8_attention():
-    """The backend function: the fp8 kernel for attention over long key sequences (self-
-    attention, also for a chunk of query rows), SDPA for short ones (text cross-attention)."""
-    op = FP8_SELF_ATTENTION
-
-    def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if k.shape[1] < MIN_KEYS:
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                 v.transpose(1, 2))
-            return out.transpose(1, 2)
-        return op(q, k, v)
-
-    return fp8_attention
+# registered at import: never inside a compiled region
+FP8_SELF_ATTENTION = kernel_operator("wan_enhanced_attention::fp8_self_attention",
+                                     _fp8_self_attention, _fp8_self_attention_shape)
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Attention of q [B, Lq, heads, head_dim] over k, v [B, L, ...] (bf16/fp16) with the fp8
-    kernel where it applies
-    (see make_fp8_attention). Callers check fp8_attention_unavailable first."""
-    return make_fp8_attention()(q, k, v)
+    """The backend: attention of q [B, Lq, heads, head_dim] over k, v [B, L, ...] (bf16/fp16)
+    with the fp8 kernel for long key sequences (self-attention, also for a chunk of query rows),
+    SDPA for short ones (text cross-attention). Callers check fp8_attention_unavailable first."""
+    if k.shape[1] < MIN_KEYS:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2))
+        return out.transpose(1, 2)
+    return FP8_SELF_ATTENTION(q, k, v)

@@ -12,20 +12,15 @@ Modulation tables are [B, G, D] with G groups of L / G consecutive tokens (see d
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
+from ..gpu_support import triton_kernels_usable
 from .rope import RotaryTable
 
 
-TRITON = importlib.util.find_spec("triton") is not None  # a constant for torch.compile
-
-
 def _use_kernels(x: torch.Tensor) -> bool:
-    return (x.is_cuda and torch.version.hip is None and not torch.compiler.is_compiling()
-            and TRITON)
+    return triton_kernels_usable(x) and not torch.compiler.is_compiling()
 
 
 def _kernels():
@@ -86,21 +81,23 @@ def norm_affine(x: torch.Tensor, norm: torch.nn.LayerNorm, eps: float,
 
 
 def _norm(x, eps, dtype, shift=None, scale=None, weight=None, bias=None) -> torch.Tensor:
+    """The layer-norm kernel, modulated by shift/scale tables or with an affine weight/bias
+    (arguments the kernel does not use are passed as x, a placeholder pointer)."""
     b, length, d = x.shape
     out = torch.empty(b, length, d, dtype=dtype, device=x.device)
     block, warps = _launch_shape(d)
-    table = shift if shift is not None else x
-    rows_per_group = length // shift.shape[1] if shift is not None else length
+    rows_per_group = length
     if shift is not None:
         shift, scale = shift.float(), scale.float()
-        if shift.stride() != scale.stride():
+        if shift.stride() != scale.stride():  # the kernel indexes both with one stride
             shift, scale = shift.contiguous(), scale.contiguous()
-        table = shift
+        rows_per_group = length // shift.shape[1]
+    table = x if shift is None else shift
     _kernels().layer_norm_modulate_kernel[(b * length,)](
-        x, shift if shift is not None else x, scale if scale is not None else x,
-        weight if weight is not None else x, bias if bias is not None else x, out, length, d,
-        x.stride(0), x.stride(1), rows_per_group, table.stride(0), table.stride(1), eps,
-        MODULATE=shift is not None, AFFINE=weight is not None, BLOCK_D=block, num_warps=warps)
+        x, table, x if scale is None else scale, x if weight is None else weight,
+        x if bias is None else bias, out, length, d, x.stride(0), x.stride(1), rows_per_group,
+        table.stride(0), table.stride(1), eps, MODULATE=shift is not None,
+        AFFINE=weight is not None, BLOCK_D=block, num_warps=warps)
     return out
 
 

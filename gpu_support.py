@@ -1,0 +1,60 @@
+"""What this machine offers our own GPU kernels, decided in one place: whether Triton is
+installed, whether a device has fp8 tensor cores, and a warning said once when a kernel falls
+back. The checks are plain constants or device properties, so torch.compile traces them."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import torch
+
+# decided at import: under torch.compile a lookup inside traced code would split the graph
+TRITON = importlib.util.find_spec("triton") is not None
+
+
+def triton_kernels_usable(x: torch.Tensor) -> bool:
+    """Our Triton kernels can run on x's device (an NVIDIA GPU, Triton installed)."""
+    return x.is_cuda and torch.version.hip is None and TRITON
+
+
+def fp8_unavailable(device: torch.device, subject: str) -> str | None:
+    """Why `subject` (e.g. "fp8 matmul") cannot use fp8 e4m3fn tensor cores on `device`, or None
+    when it can: NVIDIA GPUs of compute capability 8.9 or later (Ada, Hopper)."""
+    if device.type != "cuda":
+        return (f"{subject} needs a CUDA GPU (an NVIDIA GPU of compute capability 8.9 or "
+                f"later); this runs on {device.type}")
+    if torch.version.hip is not None:
+        return f"{subject} needs an NVIDIA GPU (ROCm GPUs use e4m3fnuz)"
+    props = torch.cuda.get_device_properties(device)
+    if (props.major, props.minor) < (8, 9):
+        return (f"{subject} needs compute capability 8.9 or later (Ada, Hopper); {props.name} "
+                f"has {props.major}.{props.minor}")
+    return None
+
+
+def kernel_operator(qualified_name: str, fn, fake):
+    """`fn` as the PyTorch operator `namespace::name` with `fake` (its output shapes), so that
+    torch.compile keeps the kernel whole inside a compiled region. Registered once per process,
+    also when two copies of this package are imported (ComfyUI's custom_nodes copy and an
+    installed one): the second copy gets the first one's operator."""
+    namespace, name = qualified_name.split("::")
+    existing = getattr(getattr(torch.ops, namespace), name, None)
+    if existing is not None:
+        return existing
+    operator = torch.library.custom_op(qualified_name, fn, mutates_args=())
+    operator.register_fake(fake)
+    return operator
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str, stacklevel: int = 2) -> None:
+    """A RuntimeWarning the first time `message` comes up in this process. Silent while
+    torch.compile traces (a warning would break the graph): the loaders warn at load time for
+    that reason."""
+    if torch.compiler.is_compiling() or message in _WARNED:
+        return
+    _WARNED.add(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)

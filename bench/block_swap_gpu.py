@@ -144,7 +144,7 @@ def row(case, video, mode, count, prefetch, run, resident, weights_on_device, eq
 
 def markdown(data: dict) -> str:
     f = peer.fmt
-    lines = [f"# Block swap against the resident model", "",
+    lines = ["# Block swap against the resident model", "",
              f"device: {data['device']}; torch {data['torch']}; date {data['date']}; "
              f"{data['dtype']}; median of {data['repeats']} timed forwards after a warm-up", "",
              "Command:", "", f"    {data['command']}", "",

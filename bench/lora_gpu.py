@@ -265,7 +265,7 @@ def run_memory(args, cache: Path) -> dict:
 
 def markdown(data: dict) -> str:
     f = peer.fmt
-    lines = [f"# LoRA: unmerged overhead, strength 0, merged fp8, merge memory", "",
+    lines = ["# LoRA: unmerged overhead, strength 0, merged fp8, merge memory", "",
              f"device: {data['device']}; torch {data['torch']}; date {data['date']}; rank "
              f"{data['rank']}; median of {data['repeats']} timed forwards after a warm-up", "",
              "Command:", "", f"    {data['command']}", ""]

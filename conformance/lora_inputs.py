@@ -16,7 +16,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 from ..atomic_files import atomic_target, write_atomically

@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
 
     description = json.loads((data / "cases.json").read_text())
     base = comfy.utils.load_torch_file(str(data / description["base"]), safe_load=True)
-    prefix, model_prefix = "model.diffusion_model.", "diffusion_model."
+    model_prefix = "diffusion_model."
     out, unpatched = {}, set()
     for case, spec in description["cases"].items():
         patcher = _model(comfy, torch, description["unet_config"], base)

@@ -8,9 +8,19 @@ the model's compute dtype, so the device placement and block swap (offload/) mov
 their block like any other tensor; the scales are plain numbers, so changing a strength changes
 no tensor.
 
+How the terms are computed is chosen per call, by cost:
+- a layer whose forward multiplies a dense weight (bf16/fp32 weights, or quantized weights it
+  dequantizes) and an input of many rows: the weight with the terms added,
+  W + sum s_i up_i @ down_i, is formed for this call only (a temporary of one matrix, freed
+  after) and the input multiplied once. For a video's thousands of tokens that is a pass over
+  one matrix instead of two more passes over the activations per term;
+- otherwise (few rows, or the fp8 and int8 kernels, whose codes must stay as stored): the terms
+  are added to the base's output in place, the up-projection and the addition in one matrix
+  product (addmm_).
 For fp8 matmuls the wrapper keeps the layer's fast feed-forward path (wan/dit.py feed_forward):
-the base still takes the GELU and the first layer's bias into its fp8 input step, and the LoRA
-terms are added to its output.
+the base still takes the GELU and the first layer's bias into its fp8 input step, and the
+terms' down-projections read the same fp8 codes of the input (the factors quantized per row on
+the fly, padded to the kernel's multiple of 16), so the input is read once, in fp8.
 """
 
 from __future__ import annotations
@@ -21,6 +31,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..quant.kernels import fp8_codes_matmul
+from ..quant.rowwise import FP8, quantize_rows
+
+_FP8_MULTIPLE = 16  # torch._scaled_mm's widths
+
 
 @dataclass
 class Adapter:
@@ -28,6 +43,13 @@ class Adapter:
     kind: str  # "low_rank" | "weight_diff" | "bias_diff"
     names: tuple[str, ...]  # buffer names on the wrapper
     scale: float
+
+
+def merges_per_call(rows: int, in_features: int, out_features: int) -> bool:
+    """Whether forming the summed weight for a call costs less memory traffic than adding the
+    terms to the output: one matrix read, written and read again (3 in*out) against the input
+    read once more and the output read and written (rows * (in + 2 out)) per term."""
+    return rows * (in_features + 2 * out_features) > 3 * in_features * out_features
 
 
 class LoraLinear(nn.Module):
@@ -52,22 +74,67 @@ class LoraLinear(nn.Module):
     def terms(self) -> list[tuple[Adapter, tuple[torch.Tensor, ...]]]:
         return [(a, tuple(getattr(self, n) for n in a.names)) for a in self.adapters]
 
-    def lora_delta(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """out + the LoRA terms for input x (out: the base layer's output for x)."""
-        for adapter, tensors in self.terms():
-            if adapter.scale == 0:
-                continue
-            if adapter.kind == "low_rank":
-                down, up = tensors
-                out = out + F.linear(F.linear(x, down) * adapter.scale, up)
-            elif adapter.kind == "weight_diff":
-                out = out + F.linear(x, tensors[0]) * adapter.scale
-            else:
-                out = out + (tensors[0] * adapter.scale).to(out.dtype)
-        return out
+    def active_terms(self, kinds=("low_rank", "weight_diff", "bias_diff")):
+        return [(a, t) for a, t in self.terms() if a.scale != 0 and a.kind in kinds]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The effective bias: the base's plus the bias differences."""
+        bias = self.base.bias
+        for adapter, tensors in self.active_terms(("bias_diff",)):
+            term = tensors[0] * adapter.scale
+            bias = term if bias is None else bias + term.to(bias.dtype)
+        return bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.active_terms():
+            return self.base(x)
+        rows = x.numel() // self.in_features
+        if merges_per_call(rows, self.in_features, self.out_features):
+            weight = self._dense_weight(x)
+            if weight is not None:
+                bias = self.bias
+                return F.linear(x, self._summed(weight[0], weight[1]),
+                                None if bias is None else bias.to(x.dtype))
         return self.lora_delta(x, self.base(x))
+
+    def _dense_weight(self, x: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+        """(the weight the base multiplies x by, whether it is a fresh tensor) or None."""
+        if isinstance(self.base, nn.Linear):
+            return self.base.weight.to(x.dtype), self.base.weight.dtype != x.dtype
+        dense = getattr(self.base, "dense_weight", None)
+        weight = None if dense is None else dense(x)
+        return None if weight is None else (weight, True)
+
+    def _summed(self, weight: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """weight + the low-rank and weight terms (in place when the weight is fresh)."""
+        for adapter, tensors in self.active_terms(("low_rank", "weight_diff")):
+            if adapter.kind == "low_rank":
+                down, up = (t.to(weight.dtype) for t in tensors)
+                weight = (weight.addmm_(up, down, alpha=adapter.scale) if fresh
+                          else torch.addmm(weight, up, down, alpha=adapter.scale))
+            else:
+                diff = tensors[0].to(weight.dtype)
+                weight = (weight.add_(diff, alpha=adapter.scale) if fresh
+                          else torch.add(weight, diff, alpha=adapter.scale))
+            fresh = True
+        return weight
+
+    def lora_delta(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out + the LoRA terms for input x (out: the base layer's output for x, a tensor of
+        its own that is added to in place)."""
+        out = out.contiguous()
+        flat, rows = out.view(-1, self.out_features), x.reshape(-1, self.in_features)
+        for adapter, tensors in self.active_terms():
+            if adapter.kind == "low_rank":
+                down, up = (t.to(out.dtype) for t in tensors)
+                flat.addmm_(F.linear(rows.to(out.dtype), down), up.t(), alpha=adapter.scale)
+            elif adapter.kind == "weight_diff":
+                flat.addmm_(rows.to(out.dtype), tensors[0].to(out.dtype).t(),
+                            alpha=adapter.scale)
+            else:
+                flat.add_(tensors[0].to(out.dtype), alpha=adapter.scale)
+        return out
 
     def extra_repr(self) -> str:
         return f"loras={[(a.kind, a.scale) for a in self.adapters]}"
@@ -78,49 +145,61 @@ _PARTS = {"low_rank": ("down", "up"), "weight_diff": ("diff",), "bias_diff": ("d
 
 class LoraFp8Linear(LoraLinear):
     """LoraLinear around an fp8 layer: keeps the layer's fp8 feed-forward steps
-    (runs_fp8_matmul, scaled_forward_without_bias, gelu_forward) with the LoRA terms added."""
+    (runs_fp8_matmul, scaled_forward_without_bias, gelu_forward), and where the fp8 matmul runs,
+    every term reads the input's fp8 codes."""
 
     def runs_fp8_matmul(self, device: torch.device) -> bool:
         return self.base.runs_fp8_matmul(device)
 
-    @property
-    def bias(self) -> torch.Tensor | None:
-        """The effective bias (the base's plus the bias differences), for the next layer's
-        fused GELU step."""
-        bias = self.base.bias
-        for adapter, tensors in self.terms():
-            if adapter.kind == "bias_diff" and adapter.scale != 0:
-                term = tensors[0] * adapter.scale
-                bias = term if bias is None else bias + term.to(bias.dtype)
-        return bias
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.active_terms() and self.base.runs_fp8_matmul(x.device):
+            codes, scales = self.base.input_codes(x)
+            return self._from_codes(codes, scales, x, with_bias=True)
+        return super().forward(x)
 
     def scaled_forward_without_bias(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.base.scaled_forward_without_bias(x)
-        for adapter, tensors in self.terms():
-            if adapter.kind != "bias_diff" and adapter.scale != 0:
-                out = self._term(adapter, tensors, x, out)
-        return out
+        """The fp8 matmul and the terms without any bias (the next step adds self.bias)."""
+        codes, scales = self.base.input_codes(x)
+        return self._from_codes(codes, scales, x, with_bias=False)
 
     def gelu_forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """self(gelu_tanh(x + bias)), the base's fused fp8 step where it runs."""
+        """self(gelu_tanh(x + bias)), through the base's fused GELU-quantize step where the fp8
+        matmul runs."""
         if not self.base.runs_fp8_matmul(x.device):
             if bias is not None:
                 x = x + bias.to(x.dtype)
             return self(F.gelu(x, approximate="tanh"))
-        out = self.base.gelu_forward(x, bias)
-        if any(a.kind != "bias_diff" and a.scale != 0 for a in self.adapters):
-            if bias is not None:
-                x = x + bias.to(x.dtype)
-            out = self.lora_delta(F.gelu(x, approximate="tanh"), out)
-        else:
-            out = self.lora_delta(x, out)  # bias terms only: x is not read
-        return out
+        codes, scales = self.base.gelu_codes(x, bias)
+        return self._from_codes(codes, scales, x, with_bias=True)
 
-    def _term(self, adapter, tensors, x, out):
-        if adapter.kind == "low_rank":
-            down, up = tensors
-            return out + F.linear(F.linear(x, down) * adapter.scale, up)
-        return out + F.linear(x, tensors[0]) * adapter.scale
+    def _from_codes(self, codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor,
+                    with_bias: bool) -> torch.Tensor:
+        base = self.base
+        out = fp8_codes_matmul(codes, scales, base.weight, base.weight_scale, base.fast_accum)
+        for adapter, tensors in self.active_terms(("low_rank", "weight_diff")):
+            if adapter.kind == "low_rank":
+                down, up = tensors
+                inner = _codes_times(codes, scales, down, base.fast_accum)[:, :down.shape[0]]
+                out.addmm_(inner, up.to(out.dtype).t(), alpha=adapter.scale)
+            else:
+                out.add_(_codes_times(codes, scales, tensors[0], base.fast_accum),
+                         alpha=adapter.scale)
+        if with_bias:
+            bias = self.bias
+            if bias is not None:
+                out = out + bias.to(out.dtype)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
+def _codes_times(codes: torch.Tensor, scales: torch.Tensor, matrix: torch.Tensor,
+                 fast_accum: bool) -> torch.Tensor:
+    """The fp8 activation codes [M, K] times matrix [N, K]^T (quantized per row here, N padded
+    with zero rows to the kernel's multiple): bf16 [M, N padded]."""
+    pad = -matrix.shape[0] % _FP8_MULTIPLE
+    if pad:
+        matrix = F.pad(matrix, (0, 0, 0, pad))
+    weight, weight_scale = quantize_rows(matrix, FP8)
+    return fp8_codes_matmul(codes, scales, weight, weight_scale.view(-1), fast_accum)
 
 
 def wrap(model: nn.Module, name: str) -> LoraLinear:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .file import Difference, LoraFile, LowRank, Patch
+from .file import LoraFile, LowRank, Patch
 
 
 def add_patch_(weight: torch.Tensor, lora: LoraFile, patch: Patch, strength: float) -> None:

@@ -95,6 +95,11 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dequantized_forward(x)
 
+    def dense_weight(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The weight this layer's forward would multiply x by, dequantized to x's dtype (a
+        fresh tensor), or None where the forward multiplies codes (an fp8 or int8 kernel)."""
+        return self.dequantized_weight(x.dtype)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, weight={self.fmt.dtype}")
@@ -124,6 +129,15 @@ class Fp8Linear(QuantizedLinear):
             warn_once(fast_fallback_message(reason, x.dtype))
         return self.dequantized_forward(x)
 
+    def dense_weight(self, x: torch.Tensor) -> torch.Tensor | None:
+        if self.fast:
+            reason = (fp8_matmul_unavailable(x.device)
+                      or fp8_shape_unsupported(self.in_features, self.out_features))
+            if reason is None:
+                return None
+            warn_once(fast_fallback_message(reason, x.dtype))
+        return self.dequantized_weight(x.dtype)
+
     def scaled_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The fp8 matmul itself (no device check: callers make sure the kernel exists)."""
         lead = x.shape[:-1]
@@ -147,13 +161,22 @@ class Fp8Linear(QuantizedLinear):
         four."""
         if self.runs_fp8_matmul(x.device):
             lead = x.shape[:-1]
-            codes, scales = gelu_quantize(x.reshape(-1, self.in_features), bias)
+            codes, scales = self.gelu_codes(x, bias)
             out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale,
                                    self.fast_accum)
             return self._finish(out, x.dtype, lead)
         if bias is not None:
             x = x + bias.to(x.dtype)
         return self(F.gelu(x, approximate="tanh"))
+
+    def input_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., K] as the fp8 matmul's input: codes [M, K] and float32 scales [M, 1]."""
+        return quantize_rows(x.reshape(-1, self.in_features), FP8)
+
+    def gelu_codes(self, x: torch.Tensor, bias: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """gelu_tanh(x + bias) as the fp8 matmul's input, in one pass (quant/gelu_fp8.py)."""
+        return gelu_quantize(x.reshape(-1, self.in_features), bias)
 
     def _finish(self, out: torch.Tensor, dtype: torch.dtype, lead) -> torch.Tensor:
         if self.bias is not None:
@@ -179,6 +202,9 @@ class Int8Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dynamic_forward(x) if self.dynamic else self.dequantized_forward(x)
+
+    def dense_weight(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None if self.dynamic else self.dequantized_weight(x.dtype)
 
     def dynamic_forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]

@@ -20,7 +20,6 @@ from wan_enhanced.lora.keymap import dit_shapes
 from wan_enhanced.lora.layers import LoraFp8Linear, LoraLinear, official_tensors, wrappers
 from wan_enhanced.lora.merge import Merge
 from wan_enhanced.lora.tiny import block_modules, random_lora, write_lora
-from wan_enhanced.offload.packed_blocks import block_tensors
 from wan_enhanced.pipeline.dit_placement import DiTPlacement
 from wan_enhanced.pipeline.errors import InputError
 from wan_enhanced.pipeline import loading

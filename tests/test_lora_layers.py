@@ -123,3 +123,25 @@ def test_fp8_kernel_path_reads_the_input_codes(monkeypatch):
     assert torch.equal(base.weight.view(torch.uint8), codes.view(torch.uint8))
     # the terms do count: without them the output is farther off
     assert relative(base(x), reference) > 0.2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["bf16", "fp8_fast"])
+def test_on_the_gpu(weights):
+    """bf16 (the summed weight per call) and fp8 matmuls (torch._scaled_mm reading the codes)
+    on CUDA, at a block matrix's width and a video's row count: the formula to bf16 or fp8
+    rounding."""
+    torch.manual_seed(0)
+    dense = nn.Linear(1024, 2048).cuda().requires_grad_(False)
+    base = (dense.bfloat16() if weights == "bf16"
+            else Fp8Linear.from_linear(dense, torch.bfloat16, fast=True))
+    gen = torch.Generator("cuda").manual_seed(1)
+    down = torch.randn(64, 1024, device="cuda", generator=gen) / 32
+    up = torch.randn(2048, 64, device="cuda", generator=gen) / 8
+    chosen = [("low_rank", (down.bfloat16(), up.bfloat16()), 0.9)]
+    layer = wrapped(base, chosen)
+    x = torch.randn(8192, 1024, device="cuda", generator=gen)
+    reference = expected(x.double() @ dense.weight.double().t() + dense.bias.double(), x, chosen)
+    out = layer(x.bfloat16())
+    assert relative(out, reference) < (0.01 if weights == "bf16" else 0.05)
+    assert relative(base(x.bfloat16()), reference) > 0.1

@@ -122,19 +122,20 @@ class LoraLinear(nn.Module):
 
     def lora_delta(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out + the LoRA terms for input x (out: the base layer's output for x, a tensor of
-        its own that is added to in place)."""
+        its own, which eager runs add to in place)."""
         out = out.contiguous()
         flat, rows = out.view(-1, self.out_features), x.reshape(-1, self.in_features)
         for adapter, tensors in self.active_terms():
             if adapter.kind == "low_rank":
                 down, up = (t.to(out.dtype) for t in tensors)
-                flat.addmm_(F.linear(rows.to(out.dtype), down), up.t(), alpha=adapter.scale)
+                flat = _add_product(flat, F.linear(rows.to(out.dtype), down), up.t(),
+                                    adapter.scale)
             elif adapter.kind == "weight_diff":
-                flat.addmm_(rows.to(out.dtype), tensors[0].to(out.dtype).t(),
-                            alpha=adapter.scale)
+                flat = _add_product(flat, rows.to(out.dtype), tensors[0].to(out.dtype).t(),
+                                    adapter.scale)
             else:
-                flat.add_(tensors[0].to(out.dtype), alpha=adapter.scale)
-        return out
+                flat = flat + tensors[0].to(out.dtype) * adapter.scale
+        return flat.view(out.shape)
 
     def extra_repr(self) -> str:
         return f"loras={[(a.kind, a.scale) for a in self.adapters]}"
@@ -180,15 +181,24 @@ class LoraFp8Linear(LoraLinear):
             if adapter.kind == "low_rank":
                 down, up = tensors
                 inner = _codes_times(codes, scales, down, base.fast_accum)[:, :down.shape[0]]
-                out.addmm_(inner, up.to(out.dtype).t(), alpha=adapter.scale)
+                out = _add_product(out, inner, up.to(out.dtype).t(), adapter.scale)
             else:
-                out.add_(_codes_times(codes, scales, tensors[0], base.fast_accum),
-                         alpha=adapter.scale)
+                out = out + _codes_times(codes, scales, tensors[0], base.fast_accum) * adapter.scale
         if with_bias:
             bias = self.bias
             if bias is not None:
                 out = out + bias.to(out.dtype)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
+def _add_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float
+                 ) -> torch.Tensor:
+    """out + alpha * a @ b. Run eagerly: in place, the product and the sum one matrix product
+    (addmm_). Compiled: out of place, so that the compiler folds the sum and the scale into the
+    next elementwise step instead of copying out first, as a functional addmm would."""
+    if torch.compiler.is_compiling():
+        return out + torch.mm(a, b) * alpha
+    return out.addmm_(a, b, alpha=alpha)
 
 
 def _codes_times(codes: torch.Tensor, scales: torch.Tensor, matrix: torch.Tensor,

@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cpu_kernels import has_cpu_kernel
+
 from wan_enhanced.checkpoints import reload as reload_module
 from wan_enhanced.checkpoints.loader import load_dit
 from wan_enhanced.checkpoints.reader import CheckpointError, SafetensorsSource, open_checkpoint
@@ -213,7 +215,7 @@ def test_unmerged_on_an_fp8_file_keeps_its_codes(files):
     assert relative(out, expected) < 0.02 < relative(base_out, expected)  # bf16 compute
 
 
-@pytest.mark.skipif(not hasattr(torch, "_scaled_mm"), reason="no torch._scaled_mm")
+@pytest.mark.skipif(not has_cpu_kernel("_scaled_mm"), reason="no row-wise torch._scaled_mm on this CPU")
 def test_wrapped_fp8_feed_forward_keeps_the_fused_path(files, monkeypatch):
     """fp8 matmuls (fp8_e4m3fn_fast, run through torch._scaled_mm's CPU kernel here): the
     wrapped feed-forward still takes the fused GELU-quantize step of the base layer, adds the

@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from cpu_kernels import has_cpu_kernel
+
 from wan_enhanced.lora.layers import LoraFp8Linear, LoraLinear, merges_per_call
 from wan_enhanced.quant import linear as quant_linear
 from wan_enhanced.quant.linear import Fp8Linear, Int8Linear
@@ -108,8 +110,8 @@ def test_fp8_kernel_path_reads_the_input_codes(monkeypatch):
     """fp8 matmuls (torch._scaled_mm; its CPU kernel here): the terms' down-projections read the
     fp8 codes of the input (factors quantized per row, a rank of 3 padded to 16), the stored
     codes stay as they are, and the result is the formula to fp8 rounding."""
-    if not hasattr(torch, "_scaled_mm"):
-        pytest.skip("no torch._scaled_mm")
+    if not has_cpu_kernel("_scaled_mm"):
+        pytest.skip("no row-wise torch._scaled_mm on this CPU")
     monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
     base = Fp8Linear.from_linear(nn.Linear(IN, OUT), torch.bfloat16, fast=True)
     codes = base.weight.clone()

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from cpu_kernels import has_cpu_kernel
+
 from wan_enhanced.checkpoints import tiny
 from wan_enhanced.checkpoints.loader import load_dit
 from wan_enhanced.checkpoints.reader import CheckpointError, SafetensorsSource
@@ -71,20 +73,6 @@ def activations(*shape, seed=1) -> torch.Tensor:
 def relative(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.detach().double(), ref.detach().double()
     return float((out - ref).abs().max() / ref.abs().max())
-
-
-def has_cpu_kernel(name: str) -> bool:
-    try:
-        if name == "_scaled_mm":
-            a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
-            torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16),
-                             out_dtype=torch.bfloat16)
-        else:
-            torch._int_mm(torch.zeros(17, 16, dtype=torch.int8),
-                          torch.zeros(16, 16, dtype=torch.int8))
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 # -- number formats ------------------------------------------------------------------------

@@ -41,6 +41,12 @@ if [[ ! -x $py ]]; then
   # requests is used by ComfyUI without being listed; pytest runs the host tests
   "$py" -m pip install -q -r "$home/requirements.txt" requests pytest
 fi
+# A CPU build of PyTorch beside torchvision's default (CUDA) build, which is what an index
+# without PyTorch's CPU builds gives, cannot load torchvision's operators ("operator
+# torchvision::nms does not exist"): then take a matching default pair from the index.
+if ! "$py" -c "import torchvision" >/dev/null 2>&1; then
+  "$py" -m pip install -q --upgrade torch torchvision torchaudio
+fi
 # this package's own dependencies, as a ComfyUI user's install adds them (Python 3.11+)
 "$py" - "$project/pyproject.toml" > "$home/project-deps.txt" <<'PY'
 import sys, tomllib

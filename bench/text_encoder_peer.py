@@ -2,7 +2,11 @@
 time and peak memory, on the CPU and on the GPU.
 
     python bench/text_encoder_peer.py --comfyui PATH --file umt5_xxl_fp8_e4m3fn_scaled.safetensors
-        --out DIR [--comfyui-python PY] [--device cpu cuda] [--dtype auto] [--quick]
+        --out DIR [--random xxl|tiny [--seed N]] [--comfyui-python PY] [--device cpu cuda]
+        [--dtype auto] [--repeats 3] [--quick]
+
+No real weights are needed: --random first writes a seeded random umT5 of real (xxl) or tiny
+size to --file in the layout of ComfyUI's umt5_xxl_fp8_e4m3fn_scaled (bench/random_umt5.py).
 
 PATH is a ComfyUI checkout (its `comfy` package is imported from there, in a process of its
 own). Each side runs in a fresh process, so that its peak resident memory (ru_maxrss) is its own:
@@ -24,6 +28,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from wan_enhanced.bench.random_umt5 import SIZES, write_random_umt5
 
 PROMPT = "A red fox trots through fresh snow in a birch forest at sunrise, cinematic light"
 
@@ -49,7 +55,7 @@ torch.save(rows[0], rows_out)
 print(json.dumps({"load_s": loaded, "encode_s": times,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "peak_cuda_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
-                  "weights_dtype": str(next(handle.model.blocks.parameters()).dtype)}))
+                  "weights_dtype": str(handle.model.blocks[0].attn.q.weight.dtype)}))
 """
 
 THEIRS = r"""
@@ -125,6 +131,11 @@ def main(argv=None) -> int:
                         help="the Python with ComfyUI's requirements (default: this one); it "
                              "must import wan_enhanced too (PYTHONPATH)")
     parser.add_argument("--file", required=True, help="the umT5 file (ComfyUI's layout)")
+    parser.add_argument("--random", choices=SIZES,
+                        help="first write a seeded random umT5 of this size to --file in the "
+                             "layout of ComfyUI's umt5_xxl_fp8_e4m3fn_scaled (bench/random_umt5.py;"
+                             " kept when it is already there)")
+    parser.add_argument("--seed", type=int, default=0, help="the random file's seed")
     parser.add_argument("--out", required=True, help="folder for the results")
     parser.add_argument("--device", nargs="+", default=["cpu", "cuda"], choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", help="our loader's dtype (auto, bf16, ...)")
@@ -136,6 +147,12 @@ def main(argv=None) -> int:
     devices, repeats = (["cpu"], 1) if args.quick else (args.device, args.repeats)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.random:
+        start = time.perf_counter()
+        write_random_umt5(args.file, args.random, args.seed,
+                          "cuda" if "cuda" in devices else "cpu")
+        print(f"random umT5 {args.random} at {args.file} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
     rows = []
     for device in devices:
         ours_rows, theirs_rows = out / f"ours-{device}.pt", out / f"comfyui-{device}.pt"
@@ -148,7 +165,8 @@ def main(argv=None) -> int:
         for path in (ours_rows, theirs_rows):
             path.unlink(missing_ok=True)
         print(markdown(rows[-1:]), flush=True)
-    result = {"file": Path(args.file).name, "dtype": args.dtype, "repeats": repeats,
+    result = {"file": Path(args.file).name, "random": args.random and
+              f"{args.random}, seed {args.seed}", "dtype": args.dtype, "repeats": repeats,
               "prompt": args.prompt, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "rows": rows}
     (out / "text_encoder_peer.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -43,27 +43,38 @@ def randomize(module: torch.nn.Module, seed: int, device: str | torch.device = "
     """A seeded random state dict of `dtype` for `module` (built on any device, e.g. meta).
     The values are drawn on `device` (a GPU makes real-size models in seconds) and returned on
     the CPU, or left on `device` with keep_on_device."""
-    gen = torch.Generator(device=device).manual_seed(seed)
     state = {}
-    for name, tensor in module.state_dict().items():
-        shape = tuple(tensor.shape)
-        leaf = name.rsplit(".", 1)[-1]
-        noise = torch.randn(shape, generator=gen, device=device)
-        if leaf in ("gamma",) or (leaf == "weight" and len(shape) == 1):
-            value = 1.0 + 0.1 * noise  # norm gains
-        elif leaf == "bias":
-            value = 0.02 * noise
-        elif name.endswith("modulation"):
-            value = noise / shape[-1] ** 0.5
-        elif "pos_embedding" in name or "emb_pos" in name or "token_embedding" in name:
-            value = 0.5 * noise
-        else:
-            fan_in = max(1, math.prod(shape[1:])) if len(shape) > 1 else 1
-            value = noise / fan_in ** 0.5
+    for name, value in random_tensors(module, seed, device):
         value = value.to(dtype)
         state[name] = value if keep_on_device else value.cpu().contiguous()
-        del noise, value
+        del value
     return state
+
+
+def random_tensors(module: torch.nn.Module, seed: int, device: str | torch.device = "cpu"):
+    """(name, float32 value) for every tensor of `module`'s state, drawn one at a time from one
+    seeded generator (randomize's values, for writers that stream)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, tensor in module.state_dict().items():
+        yield name, random_value(name, tuple(tensor.shape), gen, device)
+
+
+def random_value(name: str, shape: tuple[int, ...], gen: torch.Generator,
+                 device: str | torch.device) -> torch.Tensor:
+    """Noise scaled by the kind of tensor: norm gains near 1, small biases, matrices by their
+    fan-in."""
+    leaf = name.rsplit(".", 1)[-1]
+    noise = torch.randn(shape, generator=gen, device=device)
+    if leaf in ("gamma",) or (leaf == "weight" and len(shape) == 1):
+        return noise.mul_(0.1).add_(1.0)  # norm gains
+    if leaf == "bias":
+        return noise.mul_(0.02)
+    if name.endswith("modulation"):
+        return noise.div_(shape[-1] ** 0.5)
+    if "pos_embedding" in name or "emb_pos" in name or "token_embedding" in name:
+        return noise.mul_(0.5)
+    fan_in = max(1, math.prod(shape[1:])) if len(shape) > 1 else 1
+    return noise.div_(fan_in ** 0.5)
 
 
 def _atomic_save(state: dict[str, torch.Tensor], path: Path, metadata: dict | None = None):

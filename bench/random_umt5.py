@@ -1,8 +1,8 @@
 """A seeded random umT5 text encoder in the layout of ComfyUI's
 `umt5_xxl_fp8_e4m3fn_scaled.safetensors`, the file most ComfyUI users have: UMT5 key names,
 the blocks' attention and feed-forward matrices as float8_e4m3fn codes with a per-tensor
-`scale_weight`, everything else bf16, the `scaled_fp8` marker and the sentencepiece model as a
-uint8 tensor `spiece_model`.
+`scale_weight`, everything else bf16, an empty `scaled_fp8` marker (the shape ComfyUI's text
+encoders load) and the sentencepiece model as a uint8 tensor `spiece_model`.
 
 The sentencepiece model is this package's small one (wan/tiny_tokenizer.py, the real format):
 both encoders tokenize with it, so both see the same ids, all inside the real vocabulary.
@@ -25,17 +25,17 @@ _FP8_MAX = 448.0
 _STAMP = "wan_enhanced_random_umt5"
 
 
-def t5_config(size: str) -> dict:
-    from wan_enhanced.checkpoints.loader import KNOWN_T5
+def t5_config(size: str):
     from wan_enhanced.checkpoints.tiny import TINY_T5
+    from wan_enhanced.wan.configs import KNOWN_T5
 
     if size not in SIZES:
         raise ValueError(f"umT5 size {size!r}: expected one of {', '.join(SIZES)}")
-    return dict(KNOWN_T5["umt5-xxl"] if size == "xxl" else TINY_T5)
+    return KNOWN_T5["umt5-xxl"] if size == "xxl" else TINY_T5
 
 
 def stamp(size: str, seed: int, device: str | torch.device) -> str:
-    return f"umt5 {size} seed {seed} drawn on {torch.device(device).type}"
+    return f"umt5 {size} seed {seed} drawn on {torch.device(device).type}, marker v2"
 
 
 def existing_stamp(path: Path) -> str | None:
@@ -54,7 +54,7 @@ def comfy_fp8_tensors(size: str, seed: int, device: str | torch.device = "cpu"
     from wan_enhanced.wan.tiny_tokenizer import build_spiece_model
 
     with torch.device("meta"):
-        model = UMT5Encoder(**t5_config(size))
+        model = UMT5Encoder.from_config(t5_config(size))
     out: dict[str, torch.Tensor] = {}
     for name, value in random_tensors(model, seed, device):
         key = wan_key_to_hf(name)
@@ -67,7 +67,7 @@ def comfy_fp8_tensors(size: str, seed: int, device: str | torch.device = "cpu"
         else:
             out[key] = value.to(torch.bfloat16).cpu()
         del value
-    out["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    out["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)  # as ComfyUI's text encoders
     out["spiece_model"] = torch.frombuffer(bytearray(build_spiece_model()), dtype=torch.uint8)
     return out
 

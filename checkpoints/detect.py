@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..wan.configs import HEAD_DIM, DiTConfig
+from ..wan.configs import HEAD_DIM, DiTConfig, T5Config
 
 COMPONENT_NAMES = {
     "dit": "Wan diffusion model (DiT)",
@@ -115,16 +115,16 @@ def infer_vae_config(component: str, shapes: dict[str, tuple]) -> dict:
     return config
 
 
-def infer_t5_config(shapes: dict[str, tuple]) -> dict:
-    """umT5 encoder hyper-parameters (official names); everything is visible in the shapes."""
+def infer_t5_config(shapes: dict[str, tuple]) -> T5Config:
+    """umT5 encoder hyper-parameters (official names), as far as the shapes show them."""
     vocab, dim = shapes["token_embedding.weight"]
     buckets, heads = shapes["blocks.0.pos_embedding.embedding.weight"]
-    return {
-        "vocab_size": vocab,
-        "dim": dim,
-        "dim_attn": shapes["blocks.0.attn.q.weight"][0],
-        "dim_ffn": shapes["blocks.0.ffn.fc1.weight"][0],
-        "num_heads": heads,
-        "num_layers": _count_blocks(shapes, r"blocks\.(\d+)\."),
-        "num_buckets": buckets,
-    }
+    return T5Config(
+        vocab_size=vocab,
+        dim=dim,
+        dim_attn=shapes["blocks.0.attn.q.weight"][0],
+        dim_ffn=shapes["blocks.0.ffn.fc1.weight"][0],
+        num_heads=heads,
+        num_layers=_count_blocks(shapes, r"blocks\.(\d+)\."),
+        num_buckets=buckets,
+    )

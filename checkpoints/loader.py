@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import torch
 import torch.nn as nn
 
-from ..wan.configs import SAME_SHAPE_ALIASES, DiTConfig, match_known
+from ..wan.configs import KNOWN_T5, SAME_SHAPE_ALIASES, DiTConfig, T5Config, match_known
 from . import keymaps
 from .detect import (COMPONENT_NAMES, Identity, identify, infer_dit_config, infer_t5_config,
                      infer_vae_config)
@@ -40,8 +40,6 @@ KNOWN_VAES = {
     "vae21": {"dim": 96, "z_dim": 16},
     "vae22": {"dim": 160, "dec_dim": 256, "z_dim": 48},
 }
-KNOWN_T5 = {"umt5-xxl": {"vocab_size": 256384, "dim": 4096, "dim_attn": 4096, "dim_ffn": 10240,
-                         "num_heads": 64, "num_layers": 24, "num_buckets": 32}}
 
 
 class WeightMerge(Protocol):
@@ -61,7 +59,7 @@ class CheckpointInfo:
     path: Path
     component: str
     layout: str
-    config: DiTConfig | dict
+    config: DiTConfig | T5Config | dict  # dict: a VAE's widths
     known_as: str | None  # a released model's name, or None for a custom size
     disk_dtypes: dict[str, int] = field(default_factory=dict)  # dtype name -> tensor count
     fp8_scaled: bool = False
@@ -373,7 +371,7 @@ def _meta_module(component: str, config):
             return WanVAE21(**config)
         if component == "vae22":
             return WanVAE22(**config)
-        return UMT5Encoder(**config)
+        return UMT5Encoder.from_config(config)
 
 
 def _load(path, expected, role) -> tuple[nn.Module, CheckpointInfo, _Plan]:
@@ -450,6 +448,19 @@ def load_text_encoder(path: str | Path, dtype: torch.dtype = torch.bfloat16):
         quantize_block_linears(module, kept, compute_dtype=dtype,
                                filter_fn=lambda m, name: isinstance(m, nn.Linear)
                                and is_block_matrix(f"{name}.weight"))
-    _stream(plan, module, lambda k: dtype, kept, is_matrix=is_block_matrix)
+    stored_embedding = plan.source.dtype(plan.key_map["token_embedding.weight"])
+
+    def dtype_for(key: str) -> torch.dtype:
+        return lookup_table_dtype(stored_embedding, dtype) if key == "token_embedding.weight" \
+            else dtype
+    _stream(plan, module, dtype_for, kept, is_matrix=is_block_matrix)
     return module.eval().requires_grad_(False), spiece, info
+
+
+def lookup_table_dtype(stored: torch.dtype, dtype: torch.dtype) -> torch.dtype:
+    """The token embedding's dtype in memory: the file's when it is a float type narrower than
+    `dtype` (bf16 in a float32 encoder: 2 GiB less for umT5), since a lookup reads a few rows and
+    widening them after is exact; otherwise `dtype`."""
+    narrower = stored.is_floating_point and stored.itemsize < dtype.itemsize
+    return stored if narrower and stored.itemsize >= 2 else dtype
 

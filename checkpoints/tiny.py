@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..atomic_files import atomic_target
-from ..wan.configs import DiTConfig
+from ..wan.configs import DiTConfig, T5Config
 from ..wan.dit import WanDiT, is_block_linear
 from . import keymaps
 
@@ -31,8 +31,8 @@ TINY_DIT = {
     "i2v_a14b": DiTConfig(name="tiny-i2v-a14b", in_dim=36, **_TINY),
 }
 TINY_VAE = {"vae21": {"dim": 8, "z_dim": 16}, "vae22": {"dim": 8, "dec_dim": 12, "z_dim": 48}}
-TINY_T5 = {"vocab_size": 256, "dim": 64, "dim_attn": 64, "dim_ffn": 128, "num_heads": 4,
-           "num_layers": 2, "num_buckets": 32}
+TINY_T5 = T5Config(vocab_size=256, dim=64, dim_attn=64, dim_ffn=128, num_heads=4, num_layers=2,
+                   num_buckets=32)
 
 
 # -- random weights ----------------------------------------------------------------------------
@@ -335,15 +335,15 @@ def write_clip_vision(path: str | Path, config: dict | None = None, seed: int = 
 
 # -- text encoder ------------------------------------------------------------------------------
 
-def random_t5_state(config: dict | None = None, seed: int = 0):
+def random_t5_state(config: T5Config | None = None, seed: int = 0):
     from ..wan.t5 import UMT5Encoder
 
     with torch.device("meta"):
-        model = UMT5Encoder(**(config or TINY_T5))
+        model = UMT5Encoder.from_config(config or TINY_T5)
     return randomize(model, seed)
 
 
-def write_text_encoder(path: str | Path, layout: str = "hf", config: dict | None = None,
+def write_text_encoder(path: str | Path, layout: str = "hf", config: T5Config | None = None,
                        seed: int = 0, dtype: torch.dtype = torch.bfloat16,
                        spiece_model: bytes | None = None,
                        state: dict[str, torch.Tensor] | None = None) -> Path:

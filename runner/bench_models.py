@@ -17,7 +17,7 @@ import torch
 
 from ..checkpoints.tiny import (TINY_DIT, TINY_T5, TINY_VAE, randomize, write_dit,
                                write_text_encoder, write_vae)
-from ..wan.configs import KNOWN_DITS
+from ..wan.configs import KNOWN_DITS, KNOWN_T5
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def ensure_model_set(root: str | Path, name: str, log=print, tiny: bool = False)
     if not te_path.is_file():
         log(f"writing a random umT5-xxl encoder to {te_path}")
         with torch.device("meta"):
-            module = UMT5Encoder(**(TINY_T5 if tiny else {}))
+            module = UMT5Encoder.from_config(TINY_T5 if tiny else KNOWN_T5["umt5-xxl"])
         write_text_encoder(te_path, "official", dtype=torch.bfloat16,
                            state=randomize(module, 3, draw, torch.bfloat16))
         gc.collect()

@@ -39,7 +39,7 @@ def test_scaled_fp8_file_keeps_fp8_weights_and_computes_the_dequantized_model(tm
     plain, _, _ = load_text_encoder(_write(tmp_path / "f32.safetensors", state, False),
                                     torch.float32)
     layers = [m for m in kept.modules() if isinstance(m, Fp8Linear)]
-    assert len(layers) == 7 * tiny.TINY_T5["num_layers"]  # q, k, v, o, gate, fc1, fc2
+    assert len(layers) == 7 * tiny.TINY_T5.num_layers  # q, k, v, o, gate, fc1, fc2
     assert all(m.weight.dtype == torch.float8_e4m3fn and not m.fast for m in layers)
     assert "kept as stored" in info.quantization_detail
 
@@ -48,7 +48,7 @@ def test_scaled_fp8_file_keeps_fp8_weights_and_computes_the_dequantized_model(tm
                    if is_block_matrix(n) or n.endswith("weight_scale"))
     assert matrix_bytes(kept) * 3 < matrix_bytes(plain)  # 1 byte (+ scales) against 4
 
-    ids = torch.randint(0, tiny.TINY_T5["vocab_size"], (2, 12))
+    ids = torch.randint(0, tiny.TINY_T5.vocab_size, (2, 12))
     mask = torch.ones(2, 12, dtype=torch.long)
     mask[1, 7:] = 0
     with torch.no_grad():
@@ -60,3 +60,22 @@ def test_a_bf16_file_loads_plain_layers(tmp_path):
     model, _, _ = load_text_encoder(path, torch.bfloat16)
     assert not any(isinstance(m, Fp8Linear) for m in model.modules())
     assert model.blocks[0].attn.q.weight.dtype == torch.bfloat16
+
+
+def test_the_token_table_keeps_a_narrower_stored_dtype_with_the_same_outputs(tmp_path):
+    """A bf16 file in a float32 encoder: the 256k x 4096 token table (2 GiB in bf16) stays bf16,
+    the looked-up rows are widened, and the outputs equal those of a table widened on load."""
+    path = tiny.write_text_encoder(tmp_path / "bf16.safetensors", "hf", tiny.TINY_T5)
+    model, _, _ = load_text_encoder(path, torch.float32)
+    assert model.token_embedding.weight.dtype == torch.bfloat16
+    assert model.blocks[0].attn.q.weight.dtype == torch.float32
+    ids = torch.randint(0, tiny.TINY_T5.vocab_size, (2, 9))
+    with torch.no_grad():
+        out = model(ids)
+        model.token_embedding.weight.data = model.token_embedding.weight.float()
+        assert out.dtype == torch.float32 and torch.equal(out, model(ids))
+    # a float32 file in a bf16 encoder is narrowed as asked
+    wide = tiny.write_text_encoder(tmp_path / "f32.safetensors", "hf", tiny.TINY_T5,
+                                   dtype=torch.float32)
+    narrow, _, _ = load_text_encoder(wide, torch.bfloat16)
+    assert narrow.token_embedding.weight.dtype == torch.bfloat16

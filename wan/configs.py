@@ -152,3 +152,24 @@ def match_known(config: DiTConfig) -> str | None:
                 config.text_dim, config.freq_dim, config.patch_size):
             return name
     return None
+
+
+@dataclass(frozen=True)
+class T5Config:
+    """umT5 encoder hyper-parameters; the defaults are umt5-xxl, the text encoder of every Wan
+    model. Everything but max_distance and eps is visible in a checkpoint's shapes."""
+    vocab_size: int = 256384
+    dim: int = 4096
+    dim_attn: int = 4096
+    dim_ffn: int = 10240
+    num_heads: int = 64
+    num_layers: int = 24
+    num_buckets: int = 32
+    max_distance: int = 128
+    eps: float = 1e-6
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+KNOWN_T5 = {"umt5-xxl": T5Config()}

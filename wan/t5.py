@@ -23,6 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .configs import T5Config
+
+
 
 def relative_position_buckets(length: int, num_buckets: int, max_distance: int,
                               device=None) -> torch.Tensor:
@@ -204,6 +207,10 @@ class UMT5Encoder(nn.Module):
             for _ in range(num_layers))
         self.norm = RMSNorm(dim, eps)
 
+    @classmethod
+    def from_config(cls, config: T5Config) -> "UMT5Encoder":
+        return cls(**config.to_dict())
+
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None, *,
                 blocks=None, device: torch.device | str | None = None) -> torch.Tensor:
         """ids int64 [B, L]; mask [B, L] with 0 at padding (None: no padding).
@@ -217,8 +224,8 @@ class UMT5Encoder(nn.Module):
         embedding is (ids must be there), so its large table never has to move.
         """
         device = torch.device(device) if device is not None else ids.device
-        x = self.token_embedding(ids)
-        x = x.to(device=device, dtype=stream_dtype(x.dtype))
+        x = self.token_embedding(ids)  # the table may be stored narrower than the blocks
+        x = x.to(device=device, dtype=stream_dtype(self.norm.weight.dtype))
         buckets = relative_position_buckets(ids.shape[1], self.num_buckets, self.max_distance,
                                             device=device)
         padding_bias = None if mask is None else key_padding_bias(mask.to(device), x.dtype)

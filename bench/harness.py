@@ -279,6 +279,16 @@ def gib(value) -> float | None:
     return None if value is None else value / GIB
 
 
+def comfy_version(path: Path) -> str:
+    """The version a ComfyUI checkout declares (comfyui_version.py), or "unknown"."""
+    version_file = path / "comfyui_version.py"
+    if version_file.is_file():
+        for line in version_file.read_text().splitlines():
+            if line.startswith("__version__"):
+                return line.split("=")[1].strip().strip("\"'")
+    return "unknown"
+
+
 def save_result(out: Path, stem: str, data: dict, markdown: str) -> None:
     """OUT/STEM.json and OUT/STEM.md, each written atomically."""
     out.mkdir(parents=True, exist_ok=True)

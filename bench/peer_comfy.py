@@ -265,15 +265,6 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def comfy_version(path: Path) -> str:
-    version_file = path / "comfyui_version.py"
-    if version_file.is_file():
-        for line in version_file.read_text().splitlines():
-            if line.startswith("__version__"):
-                return line.split("=")[1].strip().strip("\"'")
-    return "unknown"
-
-
 def save(out_dir: Path, rows: list[dict], meta: dict, profiles: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "peer_comfy.json"
@@ -314,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "device": (torch.cuda.get_device_name() if device.type == "cuda"
                        else platform.processor()),
-            "torch": torch.__version__, "comfyui": comfy_version(args.comfyui.resolve()),
+            "torch": torch.__version__, "comfyui": peer.comfy_version(args.comfyui.resolve()),
             "repeats": args.repeats, "command": " ".join(sys.argv), "quick": args.quick}
     failed = False
     for name in args.case:

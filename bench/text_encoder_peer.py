@@ -55,6 +55,7 @@ torch.save(rows[0], rows_out)
 print(json.dumps({"load_s": loaded, "encode_s": times,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "peak_cuda_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+                  "torch": torch.__version__,
                   "weights_dtype": str(handle.model.blocks[0].attn.q.weight.dtype)}))
 """
 
@@ -81,6 +82,7 @@ torch.save(conds[0].float().cpu(), rows_out)
 print(json.dumps({"load_s": loaded, "encode_s": times,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "peak_cuda_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+                  "torch": torch.__version__,
                   "weights_dtype": None}))
 """
 
@@ -167,7 +169,10 @@ def main(argv=None) -> int:
         for path in (ours_rows, theirs_rows):
             path.unlink(missing_ok=True)
         print(markdown(rows[-1:]), flush=True)
-    result = {"file": Path(args.file).name, "random": args.random and
+    from wan_enhanced.bench.harness import comfy_version
+
+    result = {"comfyui": comfy_version(Path(args.comfyui)), "file": Path(args.file).name,
+              "random": args.random and
               f"{args.random}, seed {args.seed}", "dtype": args.dtype, "repeats": repeats,
               "prompt": args.prompt, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "rows": rows}

@@ -52,8 +52,13 @@ def test_auto_dtype_is_fp32_on_a_cpu_and_bf16_on_a_gpu(tmp_path, monkeypatch):
         (encoder,) = nodes["TextEncoderLoader"].load("te.safetensors", "auto", "gpu")
     finally:
         host.set_headless_folders(models="models")
-    for handle in (model, vae, encoder):
+    for handle in (model, vae):
         assert {p.dtype for p in handle.model.parameters()} == {torch.float32}
+    # the encoder's token table keeps the file's narrower float type (a lookup widens exactly)
+    table = encoder.model.token_embedding.weight
+    rest = {n: p.dtype for n, p in encoder.model.named_parameters() if n != "token_embedding.weight"}
+    assert set(rest.values()) == {torch.float32}
+    assert table.dtype == torch.bfloat16  # the tiny file stores bf16
     for cls in (NODE_CLASS_MAPPINGS[f"WanEnhanced{n}"] for n in
                 ("ModelLoader", "VAELoader", "TextEncoderLoader", "CLIPVisionLoader")):
         required = cls.INPUT_TYPES()["required"]

@@ -18,9 +18,13 @@ How the terms are computed is chosen per call, by cost:
   are added to the base's output in place, the up-projection and the addition in one matrix
   product (addmm_).
 For fp8 matmuls the wrapper keeps the layer's fast feed-forward path (wan/dit.py feed_forward):
-the base still takes the GELU and the first layer's bias into its fp8 input step, and the
-terms' down-projections read the same fp8 codes of the input (the factors quantized per row on
-the fly, padded to the kernel's multiple of 16), so the input is read once, in fp8.
+the base still takes the GELU and the first layer's bias into its fp8 input step. Then
+- for an input of many rows, the layer's codes with the low-rank terms added are requantized
+  for the call (lora/fp8_sum.py: one pass over the codes, the numbers a merge gives) and the
+  input's codes multiplied once;
+- otherwise the terms' down-projections read the same fp8 codes of the input (the factors
+  quantized per row on the fly, padded to the kernel's multiple of 16) and the up-projections
+  are added to the output.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..quant.kernels import fp8_codes_matmul
+from .fp8_sum import fp8_sum
 from ..quant.rowwise import FP8, quantize_rows
 
 _FP8_MULTIPLE = 16  # torch._scaled_mm's widths
@@ -176,6 +181,10 @@ class LoraFp8Linear(LoraLinear):
     def _from_codes(self, codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor,
                     with_bias: bool) -> torch.Tensor:
         base = self.base
+        summed = self._summed_codes(codes.shape[0])
+        if summed is not None:
+            out = fp8_codes_matmul(codes, scales, *summed, base.fast_accum)
+            return self._with_bias(out, x, with_bias)
         out = fp8_codes_matmul(codes, scales, base.weight, base.weight_scale, base.fast_accum)
         for adapter, tensors in self.active_terms(("low_rank", "weight_diff")):
             if adapter.kind == "low_rank":
@@ -184,6 +193,22 @@ class LoraFp8Linear(LoraLinear):
                 out = _add_product(out, inner, up.to(out.dtype).t(), adapter.scale)
             else:
                 out = out + _codes_times(codes, scales, tensors[0], base.fast_accum) * adapter.scale
+        return self._with_bias(out, x, with_bias)
+
+    def _summed_codes(self, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For an input of many rows, the layer's codes and scales with the low-rank terms
+        added and requantized for this call (lora/fp8_sum.py); None where the terms go to the
+        output instead (few rows, or a full weight difference among the terms)."""
+        if (self.active_terms(("weight_diff",))
+                or not merges_per_call(rows, self.in_features, self.out_features)):
+            return None
+        low_rank = [(down, up, adapter.scale)
+                    for adapter, (down, up) in self.active_terms(("low_rank",))]
+        if not low_rank:
+            return None
+        return fp8_sum(self.base.weight, self.base.weight_scale, low_rank)
+
+    def _with_bias(self, out: torch.Tensor, x: torch.Tensor, with_bias: bool) -> torch.Tensor:
         if with_bias:
             bias = self.bias
             if bias is not None:

@@ -19,7 +19,8 @@ import triton.language as tl
 FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 INT8_MAX = tl.constexpr(127.0)
 K_BLOCK = tl.constexpr(128)  # tokens per key scale; BLOCK_N divides it
-P_SCALE = tl.constexpr(448.0)  # probabilities (0..1) are multiplied by this before their fp8 cast
+# probabilities (0..1) are multiplied by 448 (= 2^P_LOG2) before their fp8 cast
+P_LOG2 = tl.constexpr(8.807354922057604)
 
 
 @triton.jit
@@ -85,21 +86,30 @@ def quantize_vt_kernel(x_ptr, scale_ptr, out_ptr, L, Lp, H, stride_b, stride_l, 
 def _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, start_n, L, Lp,
                   BLOCK_N: tl.constexpr, D: tl.constexpr, KB: tl.constexpr,
                   MASK: tl.constexpr, PV_FP8: tl.constexpr):
-    """One block of keys: int32 scores, online softmax in float32, P V."""
+    """One block of keys: int32 scores, online softmax in float32, P V.
+
+    Per score the work is one conversion, one fused multiply-add and one exp2: the row maximum
+    is taken over the integer scores (their scale is positive, so the order is the same), and
+    P's fp8 scale (448) is an offset of the exponent, not a product (it cancels in l_i)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     k = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :])
     scale = qs * tl.load(ks_base + start_n // KB)
-    s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale[:, None]
+    scores = tl.dot(q, tl.trans(k))
     if MASK:
-        s = tl.where(offs_n[None, :] < L, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
+        scores = tl.where(offs_n[None, :] < L, scores, -2147483647)
+    m_new = tl.maximum(m_i, tl.max(scores, 1).to(tl.float32) * scale)
+    shift = m_new
+    if PV_FP8:
+        shift = m_new - P_LOG2
+    p = tl.math.exp2(scores.to(tl.float32) * scale[:, None] - shift[:, None])
+    if MASK:
+        p = tl.where(offs_n[None, :] < L, p, 0.0)
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     vt = tl.load(vt_base + offs_d[:, None] * Lp + offs_n[None, :])
     if PV_FP8:
-        pv = tl.dot((p * P_SCALE).to(tl.float8e4nv), tl.trans(vt))
+        pv = tl.dot(p.to(tl.float8e4nv), tl.trans(vt))
     else:
         pv = tl.dot(p.to(vt.dtype), tl.trans(vt))
     acc = acc * alpha[:, None] + pv
@@ -144,9 +154,9 @@ def attention_kernel(q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp,
     if full < L:
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, full,
                                       L, Lp, BLOCK_N, D, KB, True, PV_FP8)
-    if PV_FP8:
+    if PV_FP8:  # acc and l_i both carry P's factor 448
         vs = tl.load(vs_ptr + bh64 * D + offs_d)
-        out = acc * (vs / P_SCALE)[None, :] / l_i[:, None]
+        out = acc * vs[None, :] / l_i[:, None]
     else:
         out = acc / l_i[:, None]
     o = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh

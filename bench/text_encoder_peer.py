@@ -13,8 +13,10 @@ own). Each side runs in a fresh process, so that its peak resident memory (ru_ma
 ours loads the file with the Wan Text Encoder Loader's code (`--dtype`, default auto) and encodes
 through the node's pipeline; ComfyUI's loads it with comfy.sd.load_clip(type wan), as its
 CLIPLoader does, and encodes with encode_from_tokens_scheduled, as CLIPTextEncode does (on the
-CPU with --cpu). Both encode the same prompt and the official negative prompt; the rows past
-the prompt are compared (max |ours - theirs| / max |theirs|).
+CPU with --cpu). Both encode the same prompt and the official negative prompt; the prompt's
+512 rows are compared (max |ours - theirs| / max |theirs|), and where the CPU ran, every other
+encoding against ours there (float32: the reference). Each side reports the dtype it computes
+in (ComfyUI's is its text_encoder_dtype: fp16 on a GPU unless told otherwise).
 
 --quick: the CPU only and one encode per side (a CPU encode of the full umT5 takes minutes).
 Rows go to DIR/text_encoder_peer.json and .md.
@@ -33,8 +35,17 @@ from wan_enhanced.bench.random_umt5 import SIZES, write_random_umt5
 
 PROMPT = "A red fox trots through fresh snow in a birch forest at sunrise, cinematic light"
 
-OURS = r"""
-import json, resource, sys, time, torch
+# The process's own peak resident memory: VmHWM belongs to its address space, which exec
+# replaces (ru_maxrss survives exec, so a child would report its parent's peak).
+PEAK_RSS = r"""
+def PEAK_RSS():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+"""
+
+OURS = PEAK_RSS + r"""
+import json, sys, time, torch
 from pathlib import Path
 from wan_enhanced import host
 from wan_enhanced.nodes.text import DEFAULT_NEGATIVE
@@ -53,20 +64,22 @@ for _ in range(int(repeats)):
     times.append(time.perf_counter() - start)
 torch.save(rows[0], rows_out)
 print(json.dumps({"load_s": loaded, "encode_s": times,
-                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "peak_rss_bytes": PEAK_RSS(),
                   "peak_cuda_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
                   "torch": torch.__version__,
-                  "weights_dtype": str(handle.model.blocks[0].attn.q.weight.dtype)}))
+                  "weights_dtype": str(handle.model.blocks[0].attn.q.weight.dtype),
+                  "compute_dtype": str(handle.model.norm.weight.dtype)}))
 """
 
-THEIRS = r"""
-import json, resource, sys, time
+THEIRS = PEAK_RSS + r"""
+import json, sys, time
 file, device, comfyui, prompt, repeats, rows_out = sys.argv[1:7]
 sys.argv = ["main.py"] + (["--cpu"] if device == "cpu" else [])
 sys.path.insert(0, comfyui)
 import comfy.options
 comfy.options.enable_args_parsing()  # as ComfyUI's main.py does, so that --cpu counts
 import torch
+import comfy.model_management
 import comfy.sd
 from wan_enhanced.nodes.text import DEFAULT_NEGATIVE
 start = time.perf_counter()
@@ -80,10 +93,12 @@ for _ in range(int(repeats)):
     times.append(time.perf_counter() - start)
 torch.save(conds[0].float().cpu(), rows_out)
 print(json.dumps({"load_s": loaded, "encode_s": times,
-                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "peak_rss_bytes": PEAK_RSS(),
                   "peak_cuda_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
                   "torch": torch.__version__,
-                  "weights_dtype": None}))
+                  "weights_dtype": None,
+                  "compute_dtype": str(comfy.model_management.text_encoder_dtype(
+                      clip.patcher.load_device))}))
 """
 
 
@@ -111,7 +126,7 @@ def markdown(rows: list[dict]) -> str:
         return "-" if value is None else format(value / scale, spec)
 
     lines = ["| device | side | load s | encode s (median) | peak RSS GiB | peak CUDA GiB | "
-             "weights | rel. error |", "|---|---|---|---|---|---|---|---|"]
+             "weights | computes in | rel. error |", "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for side in ("ours", "comfyui"):
             r = row[side]
@@ -120,7 +135,7 @@ def markdown(rows: list[dict]) -> str:
                          f"{number(encode, '.2f')} | "
                          f"{number(r.get('peak_rss_bytes'), '.2f', 2 ** 30)} | "
                          f"{number(r.get('peak_cuda_bytes'), '.2f', 2 ** 30)} | "
-                         f"{r.get('weights_dtype') or '-'} | "
+                         f"{r.get('weights_dtype') or '-'} | {r.get('compute_dtype') or '-'} | "
                          f"{number(row['relative_error'], '.2e') if side == 'ours' else ''} |"
                          + (f" {r['error']}" if "error" in r else ""))
     return "\n".join(lines) + "\n"
@@ -166,16 +181,23 @@ def main(argv=None) -> int:
                                    str(theirs_rows)], args.timeout, args.comfyui_python)
         rows.append({"device": device, "ours": ours, "comfyui": theirs,
                      "relative_error": compare(ours_rows, theirs_rows)})
-        for path in (ours_rows, theirs_rows):
-            path.unlink(missing_ok=True)
         print(markdown(rows[-1:]), flush=True)
+    reference = out / "ours-cpu.pt"  # float32 on the CPU (auto), the reference when it ran
+    distances = {f"{side}-{device}": compare(out / f"{side}-{device}.pt", reference)
+                 for device in devices for side in ("ours", "comfyui")
+                 if reference.is_file() and not (side == "ours" and device == "cpu")}
+    for device in devices:
+        for side in ("ours", "comfyui"):
+            (out / f"{side}-{device}.pt").unlink(missing_ok=True)
+    if distances:
+        print("max rel. distance to our float32 CPU encoding:", json.dumps(distances))
     from wan_enhanced.bench.harness import comfy_version
 
     result = {"comfyui": comfy_version(Path(args.comfyui)), "file": Path(args.file).name,
               "random": args.random and
               f"{args.random}, seed {args.seed}", "dtype": args.dtype, "repeats": repeats,
               "prompt": args.prompt, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "rows": rows}
+              "rows": rows, "distance_to_float32_cpu": distances}
     (out / "text_encoder_peer.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "text_encoder_peer.md").write_text(markdown(rows))
     return 0

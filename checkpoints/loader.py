@@ -426,13 +426,15 @@ def load_vae(path: str | Path, dtype: torch.dtype = torch.float32):
     return module.eval().requires_grad_(False), info
 
 
-def load_text_encoder(path: str | Path, dtype: torch.dtype = torch.bfloat16):
+def load_text_encoder(path: str | Path, dtype: torch.dtype = torch.bfloat16,
+                      fp8_dtype: torch.dtype | None = None):
     """The umT5 encoder on the CPU, plus the sentencepiece model bytes when the file embeds one
     (ComfyUI's text-encoder files carry it as a uint8 tensor `spiece_model`).
 
     A file whose block matrices are fp8 e4m3fn (ComfyUI's umt5_xxl_fp8_e4m3fn_scaled) keeps them
-    as stored, with their scales, dequantized to `dtype` per matmul: the model holds half the
-    bytes of a bf16 one and computes what the file dequantized to `dtype` on load would."""
+    as stored, with their scales, dequantized per matmul to `fp8_dtype` (None: `dtype`): the
+    model holds half the bytes of a bf16 one and computes what the file dequantized on load
+    would."""
     from ..quant.block_linears import quantize_block_linears
     from ..quant.schemes import Float8WeightOnlyConfig
     from ..wan.t5 import is_block_matrix
@@ -444,6 +446,8 @@ def load_text_encoder(path: str | Path, dtype: torch.dtype = torch.bfloat16):
     fp8 = any(plan.source.dtype(f) == torch.float8_e4m3fn
               for ours, f in plan.key_map.items() if is_block_matrix(ours))
     kept = Float8WeightOnlyConfig() if fp8 else None
+    if fp8 and fp8_dtype is not None:
+        dtype = fp8_dtype
     if kept is not None:  # empty fp8 layers on the meta device, for the file's codes
         quantize_block_linears(module, kept, compute_dtype=dtype,
                                filter_fn=lambda m, name: isinstance(m, nn.Linear)

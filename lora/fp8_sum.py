@@ -24,14 +24,21 @@ from ..quant.rowwise import FP8, quantize_rows
 # the kernel keeps a block of rows of the stacked up factors in registers
 MAX_RANK = 256
 _MIN_RANK = 16  # the tensor-core product's smallest inner width
-_BLOCK_N, _BLOCK_K = 64, 128
 
 
 def stack_terms(terms: list[tuple[torch.Tensor, torch.Tensor, float]], dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Low-rank terms (down [r, K], up [N, r], scale) as one pair: up [N, R] (each block times
-    its scale, in float32, then `dtype`) and down [R, K] in `dtype`, R the ranks' sum padded
-    with zeros to a power of two of at least 16."""
+                ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Low-rank terms (down [r, K], up [N, r], scale) as one (up [N, R], down [R, K], alpha)
+    in `dtype` with sum_i s_i up_i @ down_i = alpha * up @ down, R the ranks' sum padded with
+    zeros to a power of two of at least 16. One term of such a rank, already in `dtype`, is
+    taken as it is (alpha its scale: nothing is copied); several are concatenated, each up
+    block times its scale in float32 (alpha 1)."""
+    if len(terms) == 1:
+        down, up, scale = terms[0]
+        rank = down.shape[0]
+        if (rank >= _MIN_RANK and rank & (rank - 1) == 0 and down.dtype == up.dtype == dtype
+                and down.is_contiguous() and up.is_contiguous()):
+            return up, down, float(scale)
     ups = torch.cat([up.float() * scale for _, up, scale in terms], dim=1).to(dtype)
     downs = torch.cat([down.to(dtype) for down, _, _ in terms], dim=0)
     rank = downs.shape[0]
@@ -39,31 +46,36 @@ def stack_terms(terms: list[tuple[torch.Tensor, torch.Tensor, float]], dtype: to
     if padded != rank:
         ups = F.pad(ups, (0, padded - rank))
         downs = F.pad(downs, (0, 0, 0, padded - rank))
-    return ups.contiguous(), downs.contiguous()
+    return ups.contiguous(), downs.contiguous(), 1.0
 
 
 def fp8_sum_reference(codes: torch.Tensor, scale: torch.Tensor, up: torch.Tensor,
-                      down: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The statement in PyTorch: (codes [N, K], scales [N]) of codes*scale + up @ down."""
-    summed = codes.float() * scale[:, None] + up.float() @ down.float()
+                      down: torch.Tensor, alpha: float = 1.0
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The statement in PyTorch: (codes [N, K], scales [N]) of
+    codes * scale + alpha * up @ down."""
+    summed = codes.float() * scale[:, None] + alpha * (up.float() @ down.float())
     new_codes, new_scale = quantize_rows(summed, FP8)
     return new_codes, new_scale.view(-1)
 
 
-def _launch(codes: torch.Tensor, scale: torch.Tensor, up: torch.Tensor, down: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(codes: torch.Tensor, scale: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+            alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     from .fp8_sum_kernel import fp8_sum_rows_kernel
 
     n, k = codes.shape
     out_codes = torch.empty_like(codes)
     out_scale = torch.empty(n, dtype=torch.float32, device=codes.device)
-    fp8_sum_rows_kernel[(-(-n // _BLOCK_N),)](
-        codes.contiguous(), scale.contiguous(), up, down, out_codes, out_scale, n, k,
-        R=down.shape[0], BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K, num_warps=4, num_stages=3)
+
+    def grid(meta):
+        return (-(-n // meta["BLOCK_N"]),)
+
+    fp8_sum_rows_kernel[grid](codes.contiguous(), scale.contiguous(), up, down, out_codes,
+                              out_scale, alpha, n, k, R=down.shape[0])
     return out_codes, out_scale
 
 
-def _fp8_sum_shape(codes, scale, up, down):
+def _fp8_sum_shape(codes, scale, up, down, alpha):
     return (torch.empty_like(codes), codes.new_empty(codes.shape[0], dtype=torch.float32))
 
 
@@ -81,7 +93,9 @@ def fp8_sum(codes: torch.Tensor, scale: torch.Tensor,
     the PyTorch statement elsewhere."""
     rank = sum(down.shape[0] for down, _, _ in terms)
     if fp8_kernel_usable(codes, rank):
-        up, down = stack_terms(terms, torch.bfloat16)
-        return FP8_SUM_ROWS(codes, scale, up, down)
-    up, down = stack_terms(terms, torch.float32)
-    return fp8_sum_reference(codes, scale, up, down)
+        up, down, alpha = stack_terms(terms, torch.bfloat16)
+        # the operator keeps the kernel whole under torch.compile; eager runs skip its dispatch
+        launch = FP8_SUM_ROWS if torch.compiler.is_compiling() else _launch
+        return launch(codes, scale, up, down, alpha)
+    up, down, alpha = stack_terms(terms, torch.float32)
+    return fp8_sum_reference(codes, scale, up, down, alpha)

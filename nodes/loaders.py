@@ -21,6 +21,8 @@ COMPILE = ("BOOLEAN", {"default": False, "tooltip": "torch.compile the transform
 
 DTYPE = ("auto: bf16 on a GPU, fp32 on a CPU (a CPU runs bf16 and fp16 many times slower than "
          "fp32); or bf16/fp16/fp32 as chosen")
+TEXT_DTYPE = ("auto: bf16 on a GPU, fp32 on a CPU; an fp8 file (ComfyUI's umt5 fp8 scaled) keeps "
+              "its fp8 weights and computes in fp32 everywhere; or bf16/fp16/fp32 as chosen")
 WEIGHT_DTYPE = ("how the weights are stored: auto (bf16 on a GPU, fp32 on a CPU, where bf16 runs "
                 "many times slower), bf16/fp16/fp32; or the transformer blocks' "
                 "matrices quantized (the rest bf16): fp8_e4m3fn (fp8 weights, dequantized per "
@@ -102,7 +104,7 @@ class WanTextEncoderLoader:
     def INPUT_TYPES(cls):
         return {"required": {
             "text_encoder_name": _file_choice("text_encoders"),
-            "dtype": (loading.FLOAT_CHOICES, {"default": "auto", "tooltip": DTYPE}),
+            "dtype": (loading.FLOAT_CHOICES, {"default": "auto", "tooltip": TEXT_DTYPE}),
             "device": (["gpu", "cpu"], {"default": "gpu",
                                         "tooltip": "where the encoder runs: gpu uses the GPU "
                                                    "when there is one, else the CPU"}),

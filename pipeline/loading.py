@@ -121,7 +121,13 @@ def load_text_encoder_handle(path: Path, dtype: str = "bf16", device: str = "gpu
     if device not in ("gpu", "cpu"):
         raise CheckpointError(f"device: {device!r} is not 'gpu' or 'cpu'")
     on_gpu = device == "gpu" and host.compute_device().type != "cpu"
-    model, spiece, info = load_text_encoder(path, _dtype(resolve_dtype(dtype, on_gpu), "dtype"))
+    # auto with fp8 weights (ComfyUI's umt5 files): they stay fp8 and dequantize to float32 per
+    # matmul. Compute time hardly changes (the bus carries the same fp8 bytes) and the encoding
+    # keeps float32's precision, which a half-precision umT5 can lose (no 1/sqrt(d) on its
+    # attention scores)
+    fp8_dtype = torch.float32 if dtype == AUTO else None
+    model, spiece, info = load_text_encoder(path, _dtype(resolve_dtype(dtype, on_gpu), "dtype"),
+                                            fp8_dtype)
     try:
         tokenizer = find_tokenizer(Path(path), spiece)
     except (OSError, ValueError) as exc:

@@ -48,13 +48,18 @@ class _Lora:
 
 def test_stacked_terms_are_padded_to_a_power_of_two_with_zeros():
     terms = low_rank_terms(ranks=(8, 3))
-    up, down = stack_terms(terms, torch.float32)
-    assert up.shape == (OUT, 16) and down.shape == (16, IN)
+    up, down, alpha = stack_terms(terms, torch.float32)
+    assert up.shape == (OUT, 16) and down.shape == (16, IN) and alpha == 1.0
     assert not up[:, 11:].any() and not down[11:].any()
     expected = sum(s * u.double() @ d.double() for d, u, s in terms)
     assert torch.allclose((up.double() @ down.double()), expected, atol=1e-6)
-    up, down = stack_terms(low_rank_terms(ranks=(64, 32)), torch.bfloat16)
-    assert up.shape == (OUT, 128) and up.dtype == torch.bfloat16
+    up, down, alpha = stack_terms(low_rank_terms(ranks=(64, 32)), torch.bfloat16)
+    assert up.shape == (OUT, 128) and up.dtype == torch.bfloat16 and alpha == 1.0
+    # one term of a power-of-two rank in the kernel's dtype: taken as it is, its scale apart
+    (down, up, scale), = low_rank_terms(ranks=(32,), scales=(0.6,), dtype=torch.bfloat16)
+    stacked = stack_terms([(down, up, scale)], torch.bfloat16)
+    assert stacked[0] is up and stacked[1] is down and stacked[2] == 0.6
+    assert stack_terms([(down, up, scale)], torch.float32)[2] == 1.0  # another dtype: copied
 
 
 def test_the_sum_is_what_merging_into_an_fp8_file_gives():
@@ -149,15 +154,16 @@ def test_the_kernel_equals_the_statement():
     if not fp8_sum_module.fp8_kernel_usable(torch.empty(1, device="cuda"), 64):
         pytest.skip("Triton kernels need an NVIDIA GPU and Triton")
     gen = torch.Generator().manual_seed(0)
-    for n, k, ranks in ((3072, 3072, (64,)), (3072, 14336, (64, 32)), (200, 136, (4,))):
+    for n, k, ranks in ((3072, 3072, (64,)), (3072, 14336, (64, 32)), (14336, 3072, (64,)),
+                          (200, 136, (4,))):
         dense = torch.randn(n, k, generator=gen) / k ** 0.5
         codes, scales = (t.cuda() for t in quantize_weight(dense, FP8))
         terms = [((torch.randn(r, k, generator=gen) / k ** 0.5).cuda().bfloat16(),
                   (torch.randn(n, r, generator=gen) / r ** 0.5).cuda().bfloat16(), 0.8)
                  for r in ranks]
         got_codes, got_scales = fp8_sum(codes, scales, terms)
-        up, down = stack_terms(terms, torch.bfloat16)
-        want_codes, want_scales = fp8_sum_reference(codes, scales, up, down)
+        want_codes, want_scales = fp8_sum_reference(codes, scales,
+                                                    *stack_terms(terms, torch.bfloat16))
         assert torch.allclose(got_scales, want_scales, rtol=1e-5, atol=0)
         differ = (got_codes.float() != want_codes.float()).float().mean()
         assert differ < 1e-3, (n, k, ranks, float(differ))

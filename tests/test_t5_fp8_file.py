@@ -79,3 +79,26 @@ def test_the_token_table_keeps_a_narrower_stored_dtype_with_the_same_outputs(tmp
                                    dtype=torch.float32)
     narrow, _, _ = load_text_encoder(wide, torch.bfloat16)
     assert narrow.token_embedding.weight.dtype == torch.bfloat16
+
+
+def test_auto_computes_an_fp8_file_in_float32_also_on_a_gpu(tmp_path, monkeypatch):
+    """A half-precision umT5 can drift far from float32 (its attention scores are not divided
+    by sqrt(d)): with auto, an fp8 file's weights stay fp8 and dequantize to float32 wherever
+    the encoder runs; a bf16 file on a GPU computes in bf16, and an explicit dtype is kept."""
+    from wan_enhanced import host
+    from wan_enhanced.pipeline.loading import load_text_encoder_handle
+
+    monkeypatch.setattr(host, "compute_device", lambda: torch.device("cuda"))
+    state = tiny.random_t5_state(tiny.TINY_T5, seed=4)
+    fp8 = _write(tmp_path / "fp8.safetensors", state, True)
+    bf16 = tiny.write_text_encoder(tmp_path / "bf16.safetensors", "hf", tiny.TINY_T5)
+    monkeypatch.setattr("wan_enhanced.pipeline.loading.find_tokenizer", lambda path, spiece: None)
+
+    def computes_in(path, dtype):
+        model = load_text_encoder_handle(path, dtype, "gpu").model
+        fp8_layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+        return model.norm.weight.dtype, {m.compute_dtype for m in fp8_layers}
+
+    assert computes_in(fp8, "auto") == (torch.float32, {torch.float32})
+    assert computes_in(fp8, "bf16") == (torch.bfloat16, {torch.bfloat16})
+    assert computes_in(bf16, "auto") == (torch.bfloat16, set())

@@ -119,8 +119,9 @@ def _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, start_n, L, Lp
 def attention_configs():
     """The configurations the autotuner tries (the H100's best at Wan's shapes first)."""
     configs = []
-    for block_m, block_n, warps, stages in ((128, 128, 8, 3), (128, 128, 8, 4),
-                                            (64, 128, 4, 3), (128, 64, 8, 3)):
+    for block_m, block_n, warps, stages in ((64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 4, 2),
+                                            (128, 128, 8, 3), (128, 128, 8, 4),
+                                            (128, 64, 8, 3), (64, 64, 4, 4)):
         configs.append(triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n},
                                      num_warps=warps, num_stages=stages))
     return configs

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..checkpoints.loader import CheckpointInfo
-from ..wan.configs import pixel_stride, vae_kind
-from ..wan.latent_format import WAN21_LATENT, WAN22_LATENT, LatentFormat
+from ..wan.configs import VAES, pixel_stride, vae_kind, vae_spec
+from ..wan.latent_format import LatentFormat
 
 if TYPE_CHECKING:
     from ..lora.apply import LoraChoice
@@ -56,7 +56,12 @@ class WanModelHandle:
 
     @property
     def latent_format(self) -> LatentFormat:
-        return WAN22_LATENT if self.vae_kind == "vae22" else WAN21_LATENT
+        return vae_spec(self.config).latent_format
+
+    @property
+    def keeps_first_frames(self) -> bool:
+        """Whether a start image is given as clean first latent frames (VAESpec)."""
+        return vae_spec(self.config).keeps_first_frames
 
     @property
     def latent_channels(self) -> int:
@@ -92,7 +97,7 @@ class WanVAEHandle:
 
     @property
     def latent_format(self) -> LatentFormat:
-        return WAN22_LATENT if self.kind == "vae22" else WAN21_LATENT
+        return VAES[self.kind].latent_format
 
 
 @dataclass(eq=False)

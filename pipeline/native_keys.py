@@ -181,7 +181,7 @@ def fixed_frames_from_mask(latent: dict, samples: torch.Tensor,
                          "every item and leave at least one frame to generate")
     if count == 0:
         return None
-    if model.vae_kind != "vae22":
+    if not model.keeps_first_frames:
         raise InputError(f"latent: its noise_mask keeps the first {count} latent frame(s); "
                          f"{model.name} takes one timestep for all frames, so it cannot keep "
                          f"frames as ComfyUI does for Wan2.2 TI2V-5B: give it the start image "

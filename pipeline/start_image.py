@@ -70,7 +70,7 @@ def image_to_video_latent(model: WanModelHandle, vae: WanVAEHandle, image, width
                          f"also attends to the image's CLIP tokens: connect a Wan CLIP Vision "
                          f"Loader (clip_vision_h)")
     conditioned = config.in_dim - model.latent_channels == IMAGE_CONDITION_CHANNELS
-    first_frame = model.vae_kind == "vae22"  # TI2V-5B, the model of the Wan2.2 VAE
+    first_frame = model.keeps_first_frames  # TI2V-5B
     if not (first_frame or conditioned):
         raise InputError(f"model: {model.name} is a text-to-video model; a start image needs "
                          f"Wan2.2 TI2V-5B, a Wan2.2 I2V-A14B expert or Wan2.1 I2V-14B")

@@ -7,6 +7,7 @@ import gc
 import json
 import threading
 import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,14 +23,21 @@ from wan_enhanced.runner.sweep import (ResultsLog, SweepError, expand_sweep, loa
                                        result_record)
 from wan_enhanced.runner.workflow import WorkflowError, load_workflow, validate
 
-CALLS: list[str] = []  # class names in the order the nodes ran
-MADE: list[weakref.ref] = []  # every tensor MakeTensor created
-SEEN_KWARGS: list[dict] = []
+@dataclass
+class Recorder:
+    """What the fake nodes saw in one test."""
+    calls: list[str] = field(default_factory=list)  # class names in the order the nodes ran
+    made: list[weakref.ref] = field(default_factory=list)  # every tensor the nodes created
+    seen_kwargs: list[dict] = field(default_factory=list)  # Scale's inputs
+
+
+class FakeNode:
+    record: Recorder  # a fresh one for every test (the `record` fixture)
 
 
 # -- fake nodes ------------------------------------------------------------------------------
 
-class MakeTensor:
+class MakeTensor(FakeNode):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"size": ("INT", {"default": 4, "min": 1, "max": 64})}}
@@ -38,13 +46,13 @@ class MakeTensor:
     FUNCTION = "make"
 
     def make(self, size):
-        CALLS.append("MakeTensor")
+        self.record.calls.append("MakeTensor")
         tensor = torch.ones(size)
-        MADE.append(weakref.ref(tensor))
+        self.record.made.append(weakref.ref(tensor))
         return (tensor,)
 
 
-class Scale:
+class Scale(FakeNode):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"tensor": ("TENSOR",),
@@ -55,15 +63,15 @@ class Scale:
     FUNCTION = "scale"
 
     def scale(self, tensor, factor, **optional):
-        CALLS.append("Scale")
-        SEEN_KWARGS.append({"factor": factor, **optional})
+        self.record.calls.append("Scale")
+        self.record.seen_kwargs.append({"factor": factor, **optional})
         offset = optional.get("offset", 0.0)
         result = tensor * factor + offset
-        MADE.append(weakref.ref(result))
+        self.record.made.append(weakref.ref(result))
         return (result,)
 
 
-class SumTensor:
+class SumTensor(FakeNode):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"tensor": ("TENSOR",)}}
@@ -72,11 +80,11 @@ class SumTensor:
     FUNCTION = "total"
 
     def total(self, tensor):
-        CALLS.append("SumTensor")
+        self.record.calls.append("SumTensor")
         return (float(tensor.sum()),)
 
 
-class AssertFreed:
+class AssertFreed(FakeNode):
     """Runs after the tensors' last readers: they must be gone already."""
 
     @classmethod
@@ -88,11 +96,11 @@ class AssertFreed:
 
     def check(self, value):
         gc.collect()
-        alive = [r for r in MADE if r() is not None]
+        alive = [r for r in self.record.made if r() is not None]
         return ({"ui": {"alive": [len(alive)]}, "result": (value,)})
 
 
-class AddInts:
+class AddInts(FakeNode):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"a": ("INT", {"default": 0, "min": 0, "max": 100}),
@@ -103,11 +111,11 @@ class AddInts:
     FUNCTION = "add"
 
     def add(self, a, b):
-        CALLS.append("AddInts")
+        self.record.calls.append("AddInts")
         return (a + b,)
 
 
-class TextEncode:
+class TextEncode(FakeNode):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"positive": ("STRING", {"multiline": True}),
@@ -117,11 +125,11 @@ class TextEncode:
     FUNCTION = "encode"
 
     def encode(self, positive, negative):
-        CALLS.append("TextEncode")
+        self.record.calls.append("TextEncode")
         return ([positive], [negative])
 
 
-class Sampler:
+class Sampler(FakeNode):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"positive": ("CONDITIONING",),
@@ -134,12 +142,12 @@ class Sampler:
     FUNCTION = "sample"
 
     def sample(self, positive, seed, steps, mode, flag):
-        CALLS.append("Sampler")
+        self.record.calls.append("Sampler")
         return ({"prompt": positive[0], "seed": seed, "steps": steps, "mode": mode,
                  "flag": flag},)
 
 
-class SaveValue:
+class SaveValue(FakeNode):
     """An output node that writes a file into the output folder."""
 
     @classmethod
@@ -152,7 +160,7 @@ class SaveValue:
     OUTPUT_NODE = True
 
     def save(self, value, filename_prefix):
-        CALLS.append("SaveValue")
+        self.record.calls.append("SaveValue")
         folder = host.output_directory()
         folder.mkdir(parents=True, exist_ok=True)
         name = f"{filename_prefix}.json"
@@ -163,7 +171,7 @@ class SaveValue:
                        "text": [json.dumps(value)]}}
 
 
-class Fails:
+class Fails(FakeNode):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"tensor": ("TENSOR",)}}
@@ -172,13 +180,13 @@ class Fails:
     FUNCTION = "explode"
 
     def explode(self, tensor):
-        CALLS.append("Fails")
+        self.record.calls.append("Fails")
         local = tensor * 2  # a tensor in the failing frame: must be freed too
-        MADE.append(weakref.ref(local))
+        self.record.made.append(weakref.ref(local))
         raise RuntimeError("boom")
 
 
-class Slow:
+class Slow(FakeNode):
     """Reports progress and checks for interrupts each step, like the sampler does."""
 
     @classmethod
@@ -190,7 +198,7 @@ class Slow:
     STARTED = threading.Event()
 
     def work(self, tensor, steps):
-        CALLS.append("Slow")
+        self.record.calls.append("Slow")
         progress = host.Progress(steps, "Slow node")
         for step in range(steps):
             Slow.STARTED.set()
@@ -200,7 +208,7 @@ class Slow:
         return (tensor,)
 
 
-class Stopper:
+class Stopper(FakeNode):
     """Asks for an interrupt, as a signal handler would, and returns normally."""
 
     @classmethod
@@ -211,12 +219,12 @@ class Stopper:
     FUNCTION = "stop"
 
     def stop(self, tensor):
-        CALLS.append("Stopper")
+        self.record.calls.append("Stopper")
         host.request_interrupt()
         return (tensor,)
 
 
-class FileChoice:
+class FileChoice(FakeNode):
     """A combo whose value VALIDATE_INPUTS checks instead (headless jobs name any file)."""
 
     @classmethod
@@ -234,7 +242,7 @@ class FileChoice:
         return (path * count,)
 
 
-class WhoAmI:
+class WhoAmI(FakeNode):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {}, "hidden": {"uid": "UNIQUE_ID", "prompt": "PROMPT"}}
@@ -253,13 +261,12 @@ REGISTRY = {cls.__name__: cls for cls in (MakeTensor, Scale, SumTensor, AssertFr
 
 
 @pytest.fixture(autouse=True)
-def clean_state(tmp_path):
-    CALLS.clear()
-    MADE.clear()
-    SEEN_KWARGS.clear()
+def record(tmp_path):
+    """A fresh Recorder for this test's fake nodes (returned for the test to read)."""
+    FakeNode.record = Recorder()
     host.clear_interrupt()
     host.set_headless_folders(output=tmp_path / "out")
-    yield
+    yield FakeNode.record
     host.clear_interrupt()
     host.set_headless_folders(output="output")
 
@@ -356,7 +363,7 @@ def test_validation_reports_every_error_with_node_input_and_expectation():
     assert str(excinfo.value).startswith("workflow wf.json is invalid (16 errors):\n  - node 1")
 
 
-def test_unknown_input_is_a_warning_and_is_not_passed():
+def test_unknown_input_is_a_warning_and_is_not_passed(record):
     workflow = tensor_chain()
     workflow["2"]["inputs"]["strength"] = 3
     validated = validate(workflow, REGISTRY)
@@ -364,7 +371,7 @@ def test_unknown_input_is_a_warning_and_is_not_passed():
         'node 2 (Scale "Scaler"), input "strength": not an input of this node, ignored '
         '(its inputs: tensor, factor, offset)']
     execute(validated, REGISTRY)
-    assert SEEN_KWARGS == [{"factor": 2.0}]
+    assert record.seen_kwargs == [{"factor": 2.0}]
 
 
 def test_only_needed_nodes_are_checked_but_every_class_must_exist():
@@ -463,10 +470,10 @@ def test_validate_inputs_replaces_the_builtin_checks_for_its_inputs():
 
 # -- execution ---------------------------------------------------------------------------------
 
-def test_runs_needed_nodes_in_dependency_order_and_collects_ui(tmp_path):
+def test_runs_needed_nodes_in_dependency_order_and_collects_ui(tmp_path, record):
     events = []
     result = run_workflow(tensor_chain(), REGISTRY, on_event=events.append)
-    assert CALLS == ["MakeTensor", "Scale", "SumTensor", "SaveValue"]  # AddInts is not needed
+    assert record.calls == ["MakeTensor", "Scale", "SumTensor", "SaveValue"]  # not AddInts
     assert result.outputs == {"4": {"files": [{"filename": "total.json", "subfolder": "",
                                                "type": "output"}], "text": ["6.0"]}}
     assert result.files == [str(tmp_path / "out" / "total.json")]
@@ -481,15 +488,15 @@ def test_runs_needed_nodes_in_dependency_order_and_collects_ui(tmp_path):
     assert events[2].name == "Scaler" and events[0].name == "MakeTensor"
 
 
-def test_only_given_inputs_are_passed_and_hidden_inputs_on_request():
+def test_only_given_inputs_are_passed_and_hidden_inputs_on_request(record):
     workflow = tensor_chain()
     workflow["6"] = node("WhoAmI")
     result = run_workflow(workflow, REGISTRY)
-    assert SEEN_KWARGS == [{"factor": 2.0}]  # no offset given: none is passed
+    assert record.seen_kwargs == [{"factor": 2.0}]  # no offset given: none is passed
     assert result.outputs["6"] == {"uid": ["6"], "nodes": [["1", "2", "3", "4", "5", "6"]]}
 
 
-def test_node_error_names_the_node():
+def test_node_error_names_the_node(record):
     workflow = {"1": node("MakeTensor", size=2), "2": node("Fails", "Exploder", tensor=["1", 0]),
                 "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
     with pytest.raises(RunError) as excinfo:
@@ -499,7 +506,7 @@ def test_node_error_names_the_node():
     assert str(error) == 'node 2 (Fails "Exploder"): RuntimeError: boom'
     assert (error.node_id, error.class_type, error.title) == ("2", "Fails", "Exploder")
     assert "raise RuntimeError(\"boom\")" in error.details
-    assert "SaveValue" not in CALLS
+    assert "SaveValue" not in record.calls
 
 
 def test_wrong_return_value_is_a_node_error():
@@ -514,7 +521,7 @@ def test_wrong_return_value_is_a_node_error():
         run_workflow(workflow, registry)
 
 
-def test_list_processing_nodes_are_refused_before_running():
+def test_list_processing_nodes_are_refused_before_running(record):
     class ListNode(AddInts):
         INPUT_IS_LIST = True
     registry = {**REGISTRY, "ListNode": ListNode}
@@ -524,7 +531,7 @@ def test_list_processing_nodes_are_refused_before_running():
                 "4": node("SaveValue", value=["3", 0], filename_prefix="y")}
     with pytest.raises(WorkflowError, match="list processing"):
         run_workflow(workflow, registry)
-    assert CALLS == []
+    assert record.calls == []
 
 
 def test_progress_listener_is_forwarded_and_removed():
@@ -537,7 +544,7 @@ def test_progress_listener_is_forwarded_and_removed():
     assert host._listeners == []
 
 
-def test_interrupt_during_a_node_stops_the_run():
+def test_interrupt_during_a_node_stops_the_run(record):
     workflow = {"1": node("MakeTensor", size=2), "2": node("Slow", tensor=["1", 0], steps=2000),
                 "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
     Slow.STARTED.clear()
@@ -547,28 +554,28 @@ def test_interrupt_during_a_node_stops_the_run():
         run_workflow(workflow, REGISTRY)
     timer.join()
     assert str(excinfo.value) == "node 2 (Slow): interrupted"
-    assert "SaveValue" not in CALLS
+    assert "SaveValue" not in record.calls
     gc.collect()
-    assert all(r() is None for r in MADE)
+    assert all(r() is None for r in record.made)
 
 
-def test_interrupt_between_nodes_stops_before_the_next_one():
+def test_interrupt_between_nodes_stops_before_the_next_one(record):
     workflow = {"1": node("MakeTensor", size=2), "2": node("Stopper", tensor=["1", 0]),
                 "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
     with pytest.raises(RunInterrupted, match=r"interrupted before node 3 \(SaveValue\) ran"):
         run_workflow(workflow, REGISTRY)
-    assert CALLS == ["MakeTensor", "Stopper"]
+    assert record.calls == ["MakeTensor", "Stopper"]
     host.request_interrupt()  # a stale request must not stop the next run
     run_workflow(tensor_chain(), REGISTRY)
 
 
 # -- memory ------------------------------------------------------------------------------------
 
-def test_tensors_made_in_a_run_are_freed_after_success():
+def test_tensors_made_in_a_run_are_freed_after_success(record):
     result = run_workflow(tensor_chain(), REGISTRY)
-    assert len(MADE) == 2
+    assert len(record.made) == 2
     gc.collect()
-    assert [r() for r in MADE] == [None, None]
+    assert [r() for r in record.made] == [None, None]
     assert result.outputs  # the result keeps only the ui dicts
 
 
@@ -578,16 +585,16 @@ def test_intermediates_are_dropped_once_their_readers_ran():
     assert result.outputs["4"] == {"alive": [0]}
 
 
-def test_tensors_made_in_a_run_are_freed_after_a_failure():
+def test_tensors_made_in_a_run_are_freed_after_a_failure(record):
     workflow = {"1": node("MakeTensor", size=2), "2": node("Fails", tensor=["1", 0]),
                 "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
     with pytest.raises(RunError) as excinfo:
         run_workflow(workflow, REGISTRY)
-    assert len(MADE) == 2  # MakeTensor's output and Fails' local
+    assert len(record.made) == 2  # MakeTensor's output and Fails' local
     gc.collect()
     # the exception is still held (by excinfo) and must not keep them alive
     assert excinfo.value is not None
-    assert [r() for r in MADE] == [None, None]
+    assert [r() for r in record.made] == [None, None]
 
 
 # -- overrides ---------------------------------------------------------------------------------
@@ -749,7 +756,7 @@ def test_run_command_progress_lines_when_not_a_terminal(tmp_path, registry_insta
     assert "\r" not in "".join(lines)
 
 
-def test_sweep_resumes_after_a_crash(tmp_path, registry_installed, capsys):
+def test_sweep_resumes_after_a_crash(tmp_path, registry_installed, capsys, record):
     workflow = write(tmp_path / "wf.json", sampler_workflow())
     sweep = write(tmp_path / "sweep.json", {"prompt": ["a cat", "a dog"], "seed": [1, 2]})
     out = tmp_path / "out"
@@ -767,18 +774,18 @@ def test_sweep_resumes_after_a_crash(tmp_path, registry_installed, capsys):
     # a crash while the last line was being written: that job runs again, the others do not
     text = results.read_text()
     results.write_text(text[:text.rindex("\n", 0, len(text) - 1) + 1] + text[-40:-5])
-    CALLS.clear()
+    record.calls.clear()
     capsys.readouterr()
     assert cli.main(["run", str(workflow), "--sweep", str(sweep), "--out", str(out),
                      "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "its last line is incomplete" in err
     assert "3 of 4 job(s) already succeeded" in err
-    assert CALLS.count("Sampler") == 1
+    assert record.calls.count("Sampler") == 1
     assert ResultsLog(results).succeeded() == {line["job_key"] for line in lines}
 
 
-def test_sweep_with_an_invalid_value_runs_nothing(tmp_path, registry_installed, capsys):
+def test_sweep_with_an_invalid_value_runs_nothing(tmp_path, registry_installed, capsys, record):
     workflow = write(tmp_path / "wf.json", sampler_workflow())
     sweep = write(tmp_path / "sweep.json", {"2.steps": [5, 500, 1000]})
     assert cli.main(["run", str(workflow), "--sweep", str(sweep), "--results",
@@ -787,7 +794,7 @@ def test_sweep_with_an_invalid_value_runs_nothing(tmp_path, registry_installed, 
     assert "job 2/3: 2.steps=500\n  - node 2 (Sampler \"My Sampler\"), input \"steps\": " \
            "value 500 is bigger than the maximum 100" in err
     assert "2 of 3 job(s) are invalid; nothing ran" in err
-    assert CALLS == [] and not (tmp_path / "r.jsonl").exists()
+    assert record.calls == [] and not (tmp_path / "r.jsonl").exists()
 
 
 def test_ctrl_c_stops_the_run_and_records_it(tmp_path, registry_installed, capsys):

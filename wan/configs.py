@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from .latent_format import WAN21_LATENT, WAN22_LATENT, LatentFormat
+
 
 @dataclass(frozen=True)
 class DiTConfig:
@@ -116,12 +118,18 @@ class VAESpec:
     name: str
     latent_channels: int
     spatial_stride: int  # pixels per latent pixel
+    latent_format: LatentFormat  # the normalisation its DiTs work in
+    # its DiTs (TI2V-5B) take a timestep per latent frame, so a start image is given as the
+    # first latent frame(s), kept clean while the rest is denoised
+    keeps_first_frames: bool = False
     temporal_stride: int = TEMPORAL_STRIDE
 
 
 VAES: dict[str, VAESpec] = {
-    "vae21": VAESpec("vae21", "Wan2.1 VAE", latent_channels=16, spatial_stride=8),
-    "vae22": VAESpec("vae22", "Wan2.2 VAE", latent_channels=48, spatial_stride=16),
+    "vae21": VAESpec("vae21", "Wan2.1 VAE", latent_channels=16, spatial_stride=8,
+                     latent_format=WAN21_LATENT),
+    "vae22": VAESpec("vae22", "Wan2.2 VAE", latent_channels=48, spatial_stride=16,
+                     latent_format=WAN22_LATENT, keeps_first_frames=True),
 }
 
 

@@ -97,3 +97,28 @@ class SampleResult:
     latent: torch.Tensor  # the final (normalised) sample, CPU float32
     metrics: list[dict]  # one per rank (metrics.py)
     experts: list[str]  # the expert of every step
+
+
+@dataclass(frozen=True)
+class Float32Settings:
+    """The driver's float32 precision settings, taken by the ranks for every task.
+
+    Whether float32 matrix products and convolutions may round their inputs to TF32 is process
+    state (torch.backends), and a worker process starts with torch's defaults (TF32 for cuDNN
+    convolutions, not for matrix products). A rank that computed with other settings than the
+    process that asked would differ from the one-process path by TF32's rounding (about 1e-3), so
+    every task carries the settings the driver has when it asks, and the ranks apply them first."""
+    matmul_precision: str  # torch.get_float32_matmul_precision(): highest / high / medium
+    matmul_tf32: bool  # torch.backends.cuda.matmul.allow_tf32
+    cudnn_tf32: bool  # torch.backends.cudnn.allow_tf32
+
+    @classmethod
+    def current(cls) -> "Float32Settings":
+        return cls(torch.get_float32_matmul_precision(),
+                   bool(torch.backends.cuda.matmul.allow_tf32),
+                   bool(torch.backends.cudnn.allow_tf32))
+
+    def apply(self) -> None:
+        torch.set_float32_matmul_precision(self.matmul_precision)
+        torch.backends.cuda.matmul.allow_tf32 = self.matmul_tf32  # after: precision sets it too
+        torch.backends.cudnn.allow_tf32 = self.cudnn_tf32

@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable
 
 from .errors import WorkerFailed
+from .contracts import Float32Settings
 from .launch import loopback_store, raised_in, spawn_ranks
 from .messages import receive, send
 
@@ -118,10 +119,11 @@ class WorkerGroup:
         `timeout_s` (default: no limit) the group is shut down (WorkerFailed)."""
         if not self.alive:
             raise WorkerFailed(None, None, "it is not running")
+        settings = Float32Settings.current()  # the ranks compute as this process would
         try:
             for rank, conn in enumerate(self.conns):
                 try:
-                    send(conn, ("task", task, payload))
+                    send(conn, ("task", task, payload, settings))
                 except (BrokenPipeError, OSError) as exc:
                     raise WorkerFailed(rank, self.device_name(rank),
                                        f"it cannot be reached ({exc})") from None

@@ -4,7 +4,8 @@ Every message is a tuple pickled with the standard pickler into one send_bytes: 
 by value inside the pickle (never through shared memory, which containers often keep at 64 MB),
 and a worker never receives anything but plain data from the driver.
 
-driver -> every rank:  ("task", task_ref, payload)   run a task (tasks.py)
+driver -> every rank:  ("task", task_ref, payload, Float32Settings)   run a task (tasks.py)
+                       with the driver's float32 settings (contracts.py)
                        ("stop",)                     stop the task at the next step (interrupt)
                        ("shutdown",)                 leave the loop, free everything, exit
 rank -> driver:        ("ready", rank, info)         after joining the process group

@@ -132,8 +132,9 @@ def _loop(state: WorkerState) -> None:
         if message[0] != "task":
             continue  # a stop that came after this rank's task had ended
         state.stop_seen = False
-        _, task_ref, payload = message
+        _, task_ref, payload, settings = message
         try:
+            settings.apply()
             result = resolve_task(task_ref)(state, payload)
         except WorkerInterrupted:
             _drop_traceback()

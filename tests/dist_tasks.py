@@ -46,3 +46,9 @@ def steps(state, payload):
 def ignore_stop(state, seconds):
     time.sleep(seconds)
     return "finished"
+
+
+def float32_settings(state, payload):
+    """What this rank computes float32 products with during a task."""
+    return (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32)

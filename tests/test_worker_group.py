@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from wan_enhanced.distributed.contracts import Float32Settings
 from wan_enhanced.distributed.errors import WorkerFailed
 from wan_enhanced.distributed.group import WorkerGroup
 
@@ -40,6 +41,23 @@ def test_runs_on_every_rank_and_keeps_its_cache(gloo_group):
     first = group.run("dist_tasks:count_calls", None, timeout_s=TIMEOUT)
     assert group.run("dist_tasks:count_calls", None, timeout_s=TIMEOUT) == first + 1
     assert [info["device"] for info in group.info] == ["cpu"] * 3
+
+
+def test_every_task_runs_with_the_drivers_float32_settings(gloo_group):
+    """TF32 is process state: the ranks take the driver's settings at every task (a rank with
+    torch's defaults would round convolutions to TF32 where the driver does not)."""
+    group = gloo_group(3)
+    before = Float32Settings.current()
+    try:
+        for wanted in (Float32Settings("highest", False, False),
+                       Float32Settings("high", True, False),
+                       Float32Settings("highest", False, True)):
+            wanted.apply()
+            assert Float32Settings.current() == wanted
+            seen = group.run("dist_tasks:float32_settings", None, timeout_s=TIMEOUT)
+            assert Float32Settings(*seen) == wanted
+    finally:
+        before.apply()
 
 
 def test_a_failing_rank_is_named_and_the_group_ends(fresh_group):

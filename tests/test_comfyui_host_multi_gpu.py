@@ -4,7 +4,7 @@ registers this package under its folder's path and its main script must not run 
 the video equals the one-process video; ComfyUI's interrupt stops every rank and the warm ranks
 serve the next prompt.
 
-Needs a host made by ../shared/tools/comfyui-host.sh (COMFYUI_HOME); skipped without one.
+Needs a host made by tools/comfyui_host.sh (COMFYUI_HOME); skipped without one.
 """
 
 import os
@@ -26,7 +26,7 @@ from wan_enhanced.runner.workflow import load_workflow
 
 pytestmark = pytest.mark.skipif(not (COMFY / "main.py").is_file() or not PYTHON.is_file(),
                                 reason="no ComfyUI host (set COMFYUI_HOME; see "
-                                       "../shared/tools/comfyui-host.sh)")
+                                       "tools/comfyui_host.sh)")
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,20 @@ def test_round_trip_keeps_count_size_fps_and_pixels(tmp_path):
     assert os.listdir(tmp_path) == ["clip.mp4"]
 
 
+def test_the_same_frames_give_the_same_file_every_time(tmp_path):
+    """One seed, one video: small noisy clips (what a small model's preview decodes to) are
+    where x264's macroblock-tree rate control made encodes of the same frames differ."""
+    if video_io.default_h264_encoder() != "libx264":
+        pytest.skip("the encoder here is not libx264")
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.rand(17, 3, 24, 40, generator=gen)  # the demo's 320x192x17
+    frames = torch.nn.functional.interpolate(noise, size=(192, 320), mode="bilinear")
+    frames = frames.permute(0, 2, 3, 1).contiguous()
+    files = [save_mp4(frames, tmp_path / f"{i}.mp4", fps=24, crf=19).read_bytes()
+             for i in range(10)]
+    assert all(f == files[0] for f in files)
+
+
 def test_fractional_frame_rate_and_default_quality(tmp_path):
     video = gradient_video(frames=4)
     _, fps = read_mp4(save_mp4(video, tmp_path / "clip.mp4", fps=23.976))

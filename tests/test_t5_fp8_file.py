@@ -102,3 +102,21 @@ def test_auto_computes_an_fp8_file_in_float32_also_on_a_gpu(tmp_path, monkeypatc
     assert computes_in(fp8, "auto") == (torch.float32, {torch.float32})
     assert computes_in(fp8, "bf16") == (torch.bfloat16, {torch.bfloat16})
     assert computes_in(bf16, "auto") == (torch.bfloat16, set())
+
+
+def test_fp16_computes_an_fp8_file_like_the_dequantized_file(tmp_path):
+    """In float16 the FFN's output projection runs in float32: for an fp8 file from its
+    dequantized weight (the codes alone are off by the tensor's scale)."""
+    state = tiny.random_t5_state(tiny.TINY_T5, seed=4)
+    kept, _, _ = load_text_encoder(_write(tmp_path / "fp8.safetensors", state, True),
+                                   torch.float16)
+    plain, _, _ = load_text_encoder(_write(tmp_path / "f32.safetensors", state, False),
+                                    torch.float16)
+    exact, _, _ = load_text_encoder(tmp_path / "f32.safetensors", torch.float32)
+    ids = torch.randint(0, tiny.TINY_T5.vocab_size, (2, 12),
+                        generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = exact(ids)
+        for model in (kept, plain):
+            out = model(ids)
+            assert float((out - reference).abs().max() / reference.abs().max()) < 1e-2

@@ -147,7 +147,14 @@ class GatedFeedForward(nn.Module):
             return self.fc2(gated * linear)
         # float16: the product and the projection back to the model width are where T5's
         # activations exceed 65504, so both run in float32
-        return F.linear(gated.float() * linear.float(), self.fc2.weight.float())
+        return F.linear(gated.float() * linear.float(), float32_weight(self.fc2))
+
+
+def float32_weight(layer: nn.Module) -> torch.Tensor:
+    """A linear layer's weight in float32: dequantized for a quantized layer (fp8 files keep
+    codes and scales; the codes alone are not the weight), else widened."""
+    dequantize = getattr(layer, "dequantized_weight", None)
+    return dequantize(torch.float32) if dequantize is not None else layer.weight.float()
 
 
 class EncoderBlock(nn.Module):

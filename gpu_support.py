@@ -34,17 +34,21 @@ def fp8_unavailable(device: torch.device, subject: str) -> str | None:
 
 
 def kernel_operator(qualified_name: str, fn, fake):
-    """`fn` as the PyTorch operator `namespace::name` with `fake` (its output shapes), so that
-    torch.compile keeps the kernel whole inside a compiled region. Registered once per process,
-    also when two copies of this package are imported (ComfyUI's custom_nodes copy and an
-    installed one): the second copy gets the first one's operator."""
+    """A callable for the kernel launcher `fn`: while torch.compile traces, the PyTorch operator
+    `namespace::name` with `fake` (its output shapes), which keeps the kernel whole inside a
+    compiled region; in eager runs `fn` itself, without the operator's dispatch (tens of
+    microseconds a call). The operator is registered once per process, also when two copies of
+    this package are imported (ComfyUI's custom_nodes copy and an installed one): the second
+    copy gets the first one's."""
     namespace, name = qualified_name.split("::")
-    existing = getattr(getattr(torch.ops, namespace), name, None)
-    if existing is not None:
-        return existing
-    operator = torch.library.custom_op(qualified_name, fn, mutates_args=())
-    operator.register_fake(fake)
-    return operator
+    operator = getattr(getattr(torch.ops, namespace), name, None)
+    if operator is None:
+        operator = torch.library.custom_op(qualified_name, fn, mutates_args=())
+        operator.register_fake(fake)
+
+    def call(*args):
+        return operator(*args) if torch.compiler.is_compiling() else fn(*args)
+    return call
 
 
 _WARNED: set[str] = set()

@@ -93,9 +93,6 @@ def fp8_sum(codes: torch.Tensor, scale: torch.Tensor,
     the PyTorch statement elsewhere."""
     rank = sum(down.shape[0] for down, _, _ in terms)
     if fp8_kernel_usable(codes, rank):
-        up, down, alpha = stack_terms(terms, torch.bfloat16)
-        # the operator keeps the kernel whole under torch.compile; eager runs skip its dispatch
-        launch = FP8_SUM_ROWS if torch.compiler.is_compiling() else _launch
-        return launch(codes, scale, up, down, alpha)
+        return FP8_SUM_ROWS(codes, scale, *stack_terms(terms, torch.bfloat16))
     up, down, alpha = stack_terms(terms, torch.float32)
     return fp8_sum_reference(codes, scale, up, down, alpha)

@@ -36,8 +36,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..quant.kernels import fp8_codes_matmul
-from .fp8_sum import fp8_sum
 from ..quant.rowwise import FP8, quantize_rows
+from .fp8_sum import fp8_sum
 
 _FP8_MULTIPLE = 16  # torch._scaled_mm's widths
 
@@ -199,14 +199,12 @@ class LoraFp8Linear(LoraLinear):
         """For an input of many rows, the layer's codes and scales with the low-rank terms
         added and requantized for this call (lora/fp8_sum.py); None where the terms go to the
         output instead (few rows, or a full weight difference among the terms)."""
-        if (self.active_terms(("weight_diff",))
+        terms = self.active_terms(("low_rank", "weight_diff"))
+        if (not terms or any(a.kind == "weight_diff" for a, _ in terms)
                 or not merges_per_call(rows, self.in_features, self.out_features)):
             return None
-        low_rank = [(down, up, adapter.scale)
-                    for adapter, (down, up) in self.active_terms(("low_rank",))]
-        if not low_rank:
-            return None
-        return fp8_sum(self.base.weight, self.base.weight_scale, low_rank)
+        return fp8_sum(self.base.weight, self.base.weight_scale,
+                       [(down, up, adapter.scale) for adapter, (down, up) in terms])
 
     def _with_bias(self, out: torch.Tensor, x: torch.Tensor, with_bias: bool) -> torch.Tensor:
         if with_bias:

@@ -121,22 +121,24 @@ class Fp8Linear(QuantizedLinear):
         self.fast_accum = fast_accum  # the tensor cores' own accumulator over K (see kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fast:
-            reason = (fp8_matmul_unavailable(x.device)
-                      or fp8_shape_unsupported(self.in_features, self.out_features))
-            if reason is None:
-                return self.scaled_forward(x)
-            warn_once(fast_fallback_message(reason, x.dtype))
-        return self.dequantized_forward(x)
+        return self.scaled_forward(x) if self._multiplies_codes(x) else self.dequantized_forward(x)
 
     def dense_weight(self, x: torch.Tensor) -> torch.Tensor | None:
-        if self.fast:
-            reason = (fp8_matmul_unavailable(x.device)
-                      or fp8_shape_unsupported(self.in_features, self.out_features))
-            if reason is None:
-                return None
+        return None if self._multiplies_codes(x) else self.dequantized_weight(x.dtype)
+
+    def _multiplies_codes(self, x: torch.Tensor) -> bool:
+        """Whether the forward for x runs the fp8 matmul; a fast layer that cannot run it here
+        says why, once, and dequantizes instead."""
+        if not self.fast:
+            return False
+        reason = self._fp8_matmul_reason(x.device)
+        if reason is not None:
             warn_once(fast_fallback_message(reason, x.dtype))
-        return self.dequantized_weight(x.dtype)
+        return reason is None
+
+    def _fp8_matmul_reason(self, device: torch.device) -> str | None:
+        return (fp8_matmul_unavailable(device)
+                or fp8_shape_unsupported(self.in_features, self.out_features))
 
     def scaled_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The fp8 matmul itself (no device check: callers make sure the kernel exists)."""
@@ -146,8 +148,7 @@ class Fp8Linear(QuantizedLinear):
         return self._finish(out, x.dtype, lead)
 
     def runs_fp8_matmul(self, device: torch.device) -> bool:
-        return self.fast and (fp8_matmul_unavailable(device) or fp8_shape_unsupported(
-            self.in_features, self.out_features)) is None
+        return self.fast and self._fp8_matmul_reason(device) is None
 
     def scaled_forward_without_bias(self, x: torch.Tensor) -> torch.Tensor:
         """The fp8 matmul without the bias (which the next step adds: gelu_forward)."""

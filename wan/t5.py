@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from .configs import T5Config
 
 
-
 def relative_position_buckets(length: int, num_buckets: int, max_distance: int,
                               device=None) -> torch.Tensor:
     """Bidirectional bucket index [query, key] for self-attention over `length` tokens.

@@ -45,8 +45,13 @@ class RotaryTable:
         """Rotate the channel pairs of x [B, L, heads, head_dim], the tokens start..start+L of the
         grid; float32 arithmetic, x's dtype out."""
         b, length, heads, head_dim = x.shape
-        cos, sin = self.cos[start:start + length], self.sin[start:start + length]
-        pairs = x.float().view(b, length, heads, head_dim // 2, 2)
-        even, odd = pairs.unbind(-1)
-        out = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+        cos = self.cos[start:start + length, :, :, None, None]
+        sin = self.sin[start:start + length, :, :, None, None]
+        # each pair times its rotation matrix, written as (column of even) * even + (column of
+        # odd) * odd: the same products and sums as stacking the two rotated channels, but
+        # torch.compile fuses it into the norm before it (a stack of computed channels made a
+        # separate pass over q and k)
+        pairs = x.float().view(b, length, heads, head_dim // 2, 1, 2)
+        out = (torch.cat((cos, sin), -2) * pairs[..., 0:1]
+               + torch.cat((-sin, cos), -2) * pairs[..., 1:])
         return out.view(b, length, heads, head_dim).to(x.dtype)

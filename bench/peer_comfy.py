@@ -16,6 +16,8 @@ operations ComfyUI itself picks:
                                attention cuDNN SDPA.
   fp8_fp8attn_compiled         ours only: fp8_e4m3fn_fast with our fp8 attention; its ratio is
                                against ComfyUI's fp8_compiled.
+  fp8_eager, fp8_fp8attn_eager the same two without torch.compile (what ComfyUI runs unless a
+                               workflow compiles the model).
 "compiled": each transformer block through torch.compile (one compiled block function shared
 by all blocks on both sides). Inputs: bf16 noise, 512 rows of bf16 text context, t = 500 (one
 timestep per sample, as ComfyUI gives a text-to-video model). Each side is warmed up, then timed
@@ -52,20 +54,24 @@ from wan_enhanced.atomic_files import write_atomically
 from wan_enhanced.quant import quantize_block_linears
 from wan_enhanced.wan.dit import WanDiT
 
-MODES = ("bf16_eager", "bf16_compiled", "fp8_compiled", "fp8_fp8attn_compiled")
+MODES = ("bf16_eager", "bf16_compiled", "fp8_eager", "fp8_fp8attn_eager", "fp8_compiled",
+         "fp8_fp8attn_compiled")
 CASES = ("dit_5b", "dit_1_3b", "dit_14b")
 OURS = {  # mode -> (weights, attention, compiled)
     "bf16_eager": ("bf16", "auto", False),
     "bf16_compiled": ("bf16", "auto", True),
+    "fp8_eager": ("fp8_e4m3fn_fast", "sdpa_cudnn", False),
+    "fp8_fp8attn_eager": ("fp8_e4m3fn_fast", "fp8_triton", False),
     "fp8_compiled": ("fp8_e4m3fn_fast", "sdpa_cudnn", True),
     "fp8_fp8attn_compiled": ("fp8_e4m3fn_fast", "fp8_triton", True),
 }
 THEIRS = {  # mode -> (weights, compiled)
     "bf16_eager": ("bf16", False),
     "bf16_compiled": ("bf16", True),
+    "fp8_eager": ("fp8", False),
     "fp8_compiled": ("fp8", True),
 }
-COMPARED_WITH = {"fp8_fp8attn_compiled": "fp8_compiled"}
+COMPARED_WITH = {"fp8_fp8attn_eager": "fp8_eager", "fp8_fp8attn_compiled": "fp8_compiled"}
 
 
 class ComfyCheckoutError(RuntimeError):

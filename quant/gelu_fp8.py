@@ -13,14 +13,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..gpu_support import kernel_operator, triton_kernels_usable
+from ..gpu_support import kernel_operator
+from .fp8_rows import launch_rows, rows_kernel_usable
 from .rowwise import FP8, quantize_rows
-
-MAX_WIDTH = 32768  # one row in one program's registers
 
 
 def fused_gelu_available(x: torch.Tensor) -> bool:
-    return triton_kernels_usable(x) and x.shape[-1] <= MAX_WIDTH
+    return rows_kernel_usable(x)
 
 
 def gelu_quantize_reference(x: torch.Tensor, bias: torch.Tensor | None = None
@@ -31,24 +30,9 @@ def gelu_quantize_reference(x: torch.Tensor, bias: torch.Tensor | None = None
     return quantize_rows(F.gelu(x, approximate="tanh"), FP8)
 
 
-def _launch(x: torch.Tensor, bias: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    from .gelu_rows_kernel import gelu_fp8_rows_kernel
-
-    rows, width = x.shape
-    x = x.contiguous()
-    codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
-    block = 1 << (width - 1).bit_length()
-    gelu_fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales,
-                                  width, HAS_BIAS=bias is not None, BLOCK=block,
-                                  num_warps=16 if block >= 8192 else 8)
-    return codes, scales
-
-
 def _gelu_fp8_rows(x: torch.Tensor, bias: torch.Tensor | None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch(x, bias)
+    return launch_rows(x, bias, gelu=True)
 
 
 def _gelu_fp8_rows_shape(x, bias):

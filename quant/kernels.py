@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gpu_support import fp8_unavailable, warn_once
-from .rowwise import FP8, quantize_rows
+from .fp8_rows import quantize_activations
 
 def fp8_matmul_unavailable(device: torch.device) -> str | None:
     """Why `torch._scaled_mm` cannot run on `device`, or None when it can."""
@@ -38,7 +38,7 @@ def fp8_scaled_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
                       fast_accum: bool = True) -> torch.Tensor:
     """x [M, K] (bf16) times the fp8 weight [N, K] with scales [N]: bf16 [M, N]. The activations
     are quantized to fp8 per token on the fly."""
-    codes, scales = quantize_rows(x, FP8)
+    codes, scales = quantize_activations(x)
     return fp8_codes_matmul(codes, scales, weight, weight_scale, fast_accum)
 
 

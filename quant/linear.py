@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..gpu_support import warn_once
+from .fp8_rows import quantize_activations
 from .gelu_fp8 import gelu_quantize
 from .kernels import (fp8_codes_matmul, fp8_matmul_unavailable, fp8_scaled_matmul,
                       fp8_shape_unsupported, int8_matmul)
@@ -172,7 +173,7 @@ class Fp8Linear(QuantizedLinear):
 
     def input_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., K] as the fp8 matmul's input: codes [M, K] and float32 scales [M, 1]."""
-        return quantize_rows(x.reshape(-1, self.in_features), FP8)
+        return quantize_activations(x.reshape(-1, self.in_features))
 
     def gelu_codes(self, x: torch.Tensor, bias: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:

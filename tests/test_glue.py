@@ -93,12 +93,40 @@ def test_gelu_forward_of_a_fp8_layer_equals_gelu_then_forward_on_the_cpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("width", [1536, 3072, 5120, 1000])
+def test_activation_codes_of_the_kernel_are_the_statements_to_the_bit(width):
+    """Eager fp8 matmuls quantize their input per token in one Triton pass: the same codes and
+    scales as quant.rowwise.quantize_rows (a zero row included)."""
+    _cuda_or_skip()
+    from wan_enhanced.quant.fp8_rows import launch_rows, quantize_activations
+    from wan_enhanced.quant.rowwise import FP8, quantize_rows
+    x = (torch.randn(257, width, device="cuda") * 3).bfloat16()
+    x[5] = 0
+    x[7, 3] = 1e4
+    codes, scales = launch_rows(x)
+    ref_codes, ref_scales = quantize_rows(x, FP8)
+    assert torch.equal(scales, ref_scales)
+    assert torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))
+    assert torch.equal(quantize_activations(x)[0].view(torch.uint8), codes.view(torch.uint8))
+
+
+def test_activation_codes_off_cuda_are_the_statement():
+    from wan_enhanced.quant.fp8_rows import quantize_activations
+    from wan_enhanced.quant.rowwise import FP8, quantize_rows
+    x = torch.randn(9, 64).bfloat16()
+    codes, scales = quantize_activations(x)
+    ref_codes, ref_scales = quantize_rows(x, FP8)
+    assert torch.equal(scales, ref_scales)
+    assert torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))
+
+
+@pytest.mark.gpu
 def test_gelu_fp8_rows_kernel_matches_its_statement():
     _cuda_or_skip()
-    from wan_enhanced.quant import gelu_fp8
+    from wan_enhanced.quant import fp8_rows, gelu_fp8
     x = (torch.randn(300, 14336, device="cuda") * 2).bfloat16()
     bias = torch.randn(14336, device="cuda").bfloat16()
-    codes, scales = gelu_fp8._launch(x, bias)
+    codes, scales = fp8_rows.launch_rows(x, bias, gelu=True)
     ref_codes, ref_scales = gelu_fp8.gelu_quantize_reference(x, bias)
     assert torch.allclose(scales, ref_scales, rtol=1e-5)
     got, ref = codes.float() * scales, ref_codes.float() * ref_scales

@@ -26,16 +26,16 @@ def launch_rows(x: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = 
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 codes [M, K] and float32 scales [M, 1] of x [M, K] (+ bias, then tanh-GELU if
     `gelu`), by the Triton kernel (callers check rows_kernel_usable)."""
-    from .gelu_rows_kernel import gelu_fp8_rows_kernel
+    from .fp8_rows_kernel import fp8_rows_kernel
 
     rows, width = x.shape
     x = x.contiguous()
     codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
     block = 1 << (width - 1).bit_length()
-    gelu_fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales,
-                                  width, HAS_BIAS=bias is not None, GELU=gelu, BLOCK=block,
-                                  num_warps=16 if block >= 8192 else 8)
+    fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales, width,
+                             HAS_BIAS=bias is not None, GELU=gelu, BLOCK=block,
+                             num_warps=16 if block >= 8192 else 8)
     return codes, scales
 
 

@@ -18,10 +18,6 @@ from .fp8_rows import launch_rows, rows_kernel_usable
 from .rowwise import FP8, quantize_rows
 
 
-def fused_gelu_available(x: torch.Tensor) -> bool:
-    return rows_kernel_usable(x)
-
-
 def gelu_quantize_reference(x: torch.Tensor, bias: torch.Tensor | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The PyTorch statement: float32 GELU of x (+ bias), then per-row fp8 codes and scales
@@ -48,6 +44,6 @@ def gelu_quantize(x: torch.Tensor, bias: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """GELU(x + bias) [M, K] as fp8 codes and float32 scales [M, 1]: the kernel on CUDA, the
     PyTorch statement elsewhere."""
-    if fused_gelu_available(x):
+    if rows_kernel_usable(x):
         return GELU_FP8_ROWS(x, bias)
     return gelu_quantize_reference(x, bias)

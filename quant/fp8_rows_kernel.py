@@ -15,8 +15,8 @@ SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def gelu_fp8_rows_kernel(x_ptr, bias_ptr, codes_ptr, scales_ptr, K, HAS_BIAS: tl.constexpr,
-                         GELU: tl.constexpr, BLOCK: tl.constexpr):
+def fp8_rows_kernel(x_ptr, bias_ptr, codes_ptr, scales_ptr, K, HAS_BIAS: tl.constexpr,
+                    GELU: tl.constexpr, BLOCK: tl.constexpr):
     """One program per row: the row (plus the bias) is read once, kept in registers for its
     maximum and its codes (codes = y / scale, scale = max |y| / 448, y = gelu(x) or x; the
     division of the codes rounded as IEEE's, so without the GELU the codes are PyTorch's to the

@@ -122,7 +122,8 @@ def _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, start_n, L, Lp
     vt = tl.load(vt_base + offs_d[:, None] * Lp + offs_n[None, :])
     # each block's product is summed into acc in float32 registers, not accumulated by the
     # tensor cores: Hopper's fp8 products accumulate with fewer bits than float32, and over
-    # tens of thousands of keys the output of values with a large mean drifts (a GPU test)
+    # tens of thousands of keys the output of values with a large mean drifts (a GPU test);
+    # centring the values first does not save it (bench/results/2026-11-25-h100-kernel-pipelining)
     if PV_FP8:
         pv = tl.dot(p.to(tl.float8e4nv), tl.trans(vt))
     else:

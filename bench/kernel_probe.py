@@ -1,0 +1,88 @@
+"""Compile the fp8 attention kernel for a Hopper GPU (sm_90) without one, and report what the
+compiler made of it: registers, local-memory spills, and how the tensor-core products are
+waited for.
+
+    python bench/kernel_probe.py [--config 64 128 4 3 ...] [--sass FILE]
+
+Needs Triton (its bundled ptxas and cuobjdump), not a GPU. Per configuration (BLOCK_M BLOCK_N
+num_warps num_stages) it prints the registers per thread, the spill stores and loads in the
+SASS, the number of wgmma instructions, and the pending count of every `wgmma.wait_group` in
+the PTX: all zeros means every product is waited for right after it is issued, so within one
+warp group the softmax never overlaps the tensor cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+POINTERS = {"q_ptr": "*i8", "k_ptr": "*i8", "vt_ptr": "*fp8e4nv", "qs_ptr": "*fp32",
+            "ks_ptr": "*fp32", "vs_ptr": "*fp32", "o_ptr": "*bf16"}
+DEFAULT_CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3))
+
+
+def compile_for_sm90(block_m: int, block_n: int, warps: int, stages: int, pv_fp8: bool = True):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from wan_enhanced.wan.fp8_attention_kernels import attention_kernel
+
+    fn = attention_kernel
+    while not isinstance(fn, triton.runtime.jit.JITFunction):  # under the autotuner
+        fn = fn.fn
+    constants = {"D": 128, "KB": 128, "PV_FP8": pv_fp8, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    signature = {name: POINTERS.get(name, "constexpr" if name in constants else "i32")
+                 for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in POINTERS}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+def report(kernel) -> tuple[dict, str]:
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", cubin.name],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", cubin.name],
+                              capture_output=True, text=True, check=True).stdout
+    ptx = kernel.asm["ptx"]
+    registers = re.search(r"REG:(\d+)", usage)
+    return {"registers": int(registers.group(1)) if registers else None,
+            "spill_stores": len(re.findall(r"\bSTL\b", sass)),
+            "spill_loads": len(re.findall(r"\bLDL\b", sass)),
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+            "wait_pending": [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)",
+                                                         ptx)]}, sass
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", nargs=4, type=int, action="append",
+                        metavar=("BLOCK_M", "BLOCK_N", "WARPS", "STAGES"))
+    parser.add_argument("--sass", type=Path, help="write the first configuration's SASS here")
+    args = parser.parse_args(argv)
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        print("kernel_probe: needs Triton (pip install triton); no GPU is needed", file=sys.stderr)
+        return 2
+    for index, config in enumerate(args.config or DEFAULT_CONFIGS):
+        facts, sass = report(compile_for_sm90(*config))
+        print(f"{'x'.join(map(str, config[:2]))} warps {config[2]} stages {config[3]}: {facts}")
+        if index == 0 and args.sass is not None:
+            args.sass.write_text(sass)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

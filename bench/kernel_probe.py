@@ -2,13 +2,14 @@
 compiler made of it: registers, local-memory spills, and how the tensor-core products are
 waited for.
 
-    python bench/kernel_probe.py [--config 64 128 4 3 ...] [--sass FILE]
+    python bench/kernel_probe.py [--config 64 128 4 3 ...] [--hopper] [--sass FILE]
 
 Needs Triton (its bundled ptxas and cuobjdump), not a GPU. Per configuration (BLOCK_M BLOCK_N
 num_warps num_stages) it prints the registers per thread, the spill stores and loads in the
 SASS, the number of wgmma instructions, and the pending count of every `wgmma.wait_group` in
 the PTX: all zeros means every product is waited for right after it is issued, so within one
-warp group the softmax never overlaps the tensor cores.
+warp group the softmax never overlaps the tensor cores. --hopper probes the Hopper kernel
+(wan/fp8_attention_hopper.py) and says whether ptxas serializes its products.
 """
 
 from __future__ import annotations
@@ -38,10 +39,58 @@ def compile_for_sm90(block_m: int, block_n: int, warps: int, stages: int, pv_fp8
     constants = {"D": 128, "KB": 128, "PV_FP8": pv_fp8, "BLOCK_M": block_m, "BLOCK_N": block_n}
     signature = {name: POINTERS.get(name, "constexpr" if name in constants else "i32")
                  for name in fn.arg_names}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in POINTERS}
+    # as the launcher specializes them at Wan's shapes: pointers and the lengths and strides
+    # that are multiples of 16 (all but H)
+    aligned = [name for name in fn.arg_names if name not in constants and name != "H"]
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})
+
+
+def _descriptor_type(dtype: str, block: tuple[int, int]) -> str:
+    return (f"tensordesc<{dtype}[{block[0]}, {block[1]}],NVMMASharedLayout(swizzle_byte_width=128, "
+            "element_bitwidth=8, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
+
+
+def compile_hopper_for_sm90():
+    """The Hopper kernel (wan/fp8_attention_hopper.py) with its launcher's settings."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from wan_enhanced.wan import fp8_attention_hopper as hopper
+
+    fn = hopper.hopper_attention_kernel
+    constants = {"D": hopper.HEAD_DIM, "BLOCK_M": hopper.BLOCK_M, "BLOCK_N": hopper.BLOCK_N,
+                 "STAGES": hopper.STAGES, "CONSUMER_REGS": hopper.CONSUMER_REGS, "num_warps": 4}
+    types = {"q_desc": _descriptor_type("i8", (hopper.BLOCK_M, hopper.HEAD_DIM)),
+             "k_desc": _descriptor_type("i8", (hopper.BLOCK_N, hopper.HEAD_DIM)),
+             "v_desc": _descriptor_type("fp8e4nv", (hopper.HEAD_DIM, hopper.BLOCK_N)),
+             **{name: kind for name, kind in POINTERS.items() if name not in ("q_ptr", "k_ptr",
+                                                                              "vt_ptr")}}
+    signature = {name: types.get(name, "constexpr" if name in constants else "i32")
+                 for name in fn.arg_names}
+    aligned = [name for name in fn.arg_names
+               if name not in constants and name != "H" and not name.endswith("_desc")]
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = GluonASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": hopper.MAX_REGS})
+
+
+def serialized(kernel) -> bool:
+    """Whether ptxas serializes the kernel's tensor-core products (its C7514 advice)."""
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(kernel.asm["ptx"])
+        advice = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", str(ptx), "-o",
+                                 str(Path(tmp) / "kernel.cubin")],
+                                capture_output=True, text=True, check=True)
+    return "wgmma.mma_async instructions are serialized" in advice.stdout + advice.stderr
 
 
 def report(kernel) -> tuple[dict, str]:
@@ -70,12 +119,22 @@ def main(argv=None) -> int:
     parser.add_argument("--config", nargs=4, type=int, action="append",
                         metavar=("BLOCK_M", "BLOCK_N", "WARPS", "STAGES"))
     parser.add_argument("--sass", type=Path, help="write the first configuration's SASS here")
+    parser.add_argument("--hopper", action="store_true",
+                        help="the Hopper kernel (fp8_attention_hopper.py) instead")
     args = parser.parse_args(argv)
     try:
         import triton  # noqa: F401
     except ImportError:
         print("kernel_probe: needs Triton (pip install triton); no GPU is needed", file=sys.stderr)
         return 2
+    if args.hopper:
+        kernel = compile_hopper_for_sm90()
+        facts, sass = report(kernel)
+        facts["serialized"] = serialized(kernel)
+        print(f"hopper kernel: {facts}")
+        if args.sass is not None:
+            args.sass.write_text(sass)
+        return 0
     for index, config in enumerate(args.config or DEFAULT_CONFIGS):
         facts, sass = report(compile_for_sm90(*config))
         print(f"{'x'.join(map(str, config[:2]))} warps {config[2]} stages {config[3]}: {facts}")

@@ -100,6 +100,44 @@ def test_unavailable_reasons_name_the_requirement():
     assert "NVIDIA GPU" in fa.fp8_attention_unavailable(torch.device("cpu"))
 
 
+def _cpu_operands(length, lq=None, dim=128, pv_fp8=True):
+    """Operands of the kernels' shapes on the CPU (their values do not matter here)."""
+    lp, lqp = fa.padded_length(length), fa.padded_length(lq or length)
+    return fa.Fp8Operands(
+        q8=torch.zeros(2, lqp, dim, dtype=torch.int8), k8=torch.zeros(2, lp, dim, dtype=torch.int8),
+        vt=torch.zeros(2, dim, lp, dtype=torch.float8_e4m3fn),
+        q_scale=torch.ones(2, lqp), k_scale=torch.ones(2, lp // 128), v_scale=torch.ones(2, dim),
+        length=length, pv_fp8=pv_fp8)
+
+
+def test_the_hopper_kernel_names_why_it_cannot_run():
+    ops = _cpu_operands(300)
+    out = torch.empty(1, 300, 2, 128, dtype=torch.bfloat16)
+    assert "Hopper GPU" in fa.hopper_kernel_unavailable(ops, out)
+    with pytest.raises(ValueError, match="Hopper kernel cannot run: it needs a Hopper GPU"):
+        fa.attend_quantized(ops, out, kernel="hopper")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        fa.attend_quantized(ops, out, kernel="gluon")
+    with pytest.raises(ValueError, match="config is for the portable kernel"):
+        fa.attend_quantized(ops, out, dict(BLOCK_M=64, BLOCK_N=128), kernel="hopper")
+
+
+def test_the_hopper_kernel_compiles_for_sm90_without_serialized_products():
+    """Offline (no GPU; where Triton with Gluon is installed): registers move to the consumers,
+    nothing spills, and ptxas keeps the tensor-core products asynchronous: waits that leave one
+    product pending exist (block j + 1's softmax overlaps block j's P V)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from wan_enhanced.bench import kernel_probe
+
+    kernel = kernel_probe.compile_hopper_for_sm90()
+    facts, _ = kernel_probe.report(kernel)
+    assert facts["spill_stores"] == facts["spill_loads"] == 0
+    assert 1 in facts["wait_pending"]
+    assert not kernel_probe.serialized(kernel)
+    for count in (240, 24):
+        assert f"setmaxnreg.dec.sync.aligned.u32 \t{count}" in kernel.asm["ptx"]
+
+
 # -- GPU (opt-in) ------------------------------------------------------------------------------
 
 def _cuda_fp8_or_skip():
@@ -200,3 +238,46 @@ def test_compiled_block_runs_the_kernel_as_one_operator():
     compiled = torch.compile(fn, fullgraph=True)(q, k, v)
     assert torch.equal(eager, compiled)
     assert math.isfinite(float(eager.float().abs().max()))
+
+
+def _hopper_or_skip():
+    _cuda_fp8_or_skip()
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel needs compute capability 9.0")
+    module = fa._hopper_module()
+    if isinstance(module, str):
+        pytest.skip(module)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lq, length", [(129, 129), (64, 256), (300, 300), (200, 1000),
+                                        (1000, 4100), (27280, 27280)])
+def test_the_hopper_kernel_equals_the_portable_one_bit_for_bit(lq, length):
+    """The same numbers in the same order: the warp-specialized kernel writes the portable
+    kernel's output exactly (every element written: poisoned first), also for fewer queries than
+    keys and for lengths one past a block."""
+    _hopper_or_skip()
+    q, k, v = _qkv(length, heads=3, seed=lq + length, device="cuda")
+    ops = fa.quantize_only(q[:, :lq].contiguous(), k, v)
+    portable = torch.full_like(q[:, :lq], float("nan"))
+    fa.attend_quantized(ops, portable, kernel="portable")
+    hopper = torch.full_like(portable, float("nan"))
+    fa.attend_quantized(ops, hopper, kernel="hopper")
+    assert not hopper.isnan().any()
+    assert torch.equal(hopper, portable)
+
+
+@pytest.mark.gpu
+def test_auto_uses_the_hopper_kernel_for_long_keys_and_the_portable_one_for_short():
+    _hopper_or_skip()
+    q, k, v = _qkv(128, heads=1, seed=3, device="cuda")
+    ops = fa.quantize_only(q, k, v)
+    assert "more than 128 keys" in fa.hopper_kernel_unavailable(ops, torch.empty_like(q))
+    with pytest.raises(ValueError, match="more than 128 keys"):
+        fa.attend_quantized(ops, torch.empty_like(q), kernel="hopper")
+    out = torch.full_like(q, float("nan"))
+    fa.attend_quantized(ops, out)  # auto: the portable kernel, silently
+    assert not out.isnan().any()
+    q, k, v = _qkv(2000, heads=1, seed=4, device="cuda")
+    ops = fa.quantize_only(q, k, v)
+    assert fa.hopper_kernel_unavailable(ops, torch.empty_like(q)) is None

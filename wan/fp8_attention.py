@@ -1,5 +1,7 @@
-"""FP8 attention: a Triton flash-attention kernel whose two matrix products run on 8-bit tensor
-cores (Ada and Hopper GPUs, compute capability 8.9+): Q K^T in int8, P V in fp8.
+"""FP8 attention: a flash-attention kernel whose two matrix products run on 8-bit tensor cores
+(Ada and Hopper GPUs, compute capability 8.9+): Q K^T in int8, P V in fp8. Two kernels compute
+the same output bit for bit: the portable Triton one (fp8_attention_kernels.py) and, on Hopper,
+a warp-specialized one in Triton's Gluon dialect (fp8_attention_hopper.py), which is faster.
 
 Numerics (what is rounded, and how finely it is scaled):
 - Q: int8 with one scale per token and head (its largest magnitude maps onto 127).
@@ -21,13 +23,14 @@ key sequences (cross-attention to 512 text rows), where fp8 gains nothing, it us
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..gpu_support import TRITON, fp8_unavailable, kernel_operator
+from ..gpu_support import TRITON, fp8_unavailable, kernel_operator, warn_once
 
 FP8_MAX = 448.0
 K_BLOCK = 128
@@ -158,9 +161,73 @@ def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return ops
 
 
-def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = None) -> None:
+KERNELS = ("auto", "portable", "hopper")
+
+
+@functools.cache
+def _hopper_module():
+    """fp8_attention_hopper, or the reason it cannot be imported (a str)."""
+    try:
+        from . import fp8_attention_hopper
+    except Exception as exc:  # an older or newer Triton without this Gluon API
+        return f"this Triton has no Gluon for Hopper ({type(exc).__name__}: {exc})"
+    return fp8_attention_hopper
+
+
+@functools.cache
+def _is_hopper(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
+_HOPPER_FAILED: list[str] = []  # the first launch's error, if it had one
+
+
+def hopper_kernel_unavailable(ops: Fp8Operands, out: torch.Tensor) -> str | None:
+    """Why the Hopper kernel (fp8_attention_hopper) cannot take these operands, or None."""
+    if not out.is_cuda or not _is_hopper(out.device.index or 0):
+        return "it needs a Hopper GPU (compute capability 9.0)"
+    if not ops.pv_fp8:
+        return "it computes P V in fp8 only"
+    if out.shape[-1] != 128:
+        return f"it takes head_dim 128; these operands have {out.shape[-1]}"
+    if ops.length <= K_BLOCK:
+        return f"it needs more than {K_BLOCK} keys; these are {ops.length}"
+    module = _hopper_module()
+    if isinstance(module, str):
+        return module
+    if _HOPPER_FAILED:
+        return _HOPPER_FAILED[0]
+    return None
+
+
+def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = None,
+                     kernel: str = "auto") -> None:
     """The attention kernel over quantized operands, written into out [B, Lq, heads, head_dim].
-    config: BLOCK_M, BLOCK_N, num_warps, num_stages instead of the autotuned choice."""
+    kernel: "hopper" (fp8_attention_hopper: warp-specialized, Hopper only, the same output),
+    "portable" (any GPU of compute capability 8.9+), or "auto": the Hopper kernel where it can
+    run, else the portable one. config: the portable kernel's BLOCK_M, BLOCK_N, num_warps,
+    num_stages instead of the autotuned choice."""
+    if kernel not in KERNELS:
+        raise ValueError(f"fp8 attention: kernel must be one of {KERNELS}; got {kernel!r}")
+    if kernel != "portable" and config is None:
+        reason = hopper_kernel_unavailable(ops, out)
+        if reason is None:
+            try:
+                _hopper_module().attend(ops, out)
+                return
+            except Exception as exc:  # the kernel did not build with this Triton
+                if kernel == "hopper":
+                    raise
+                _HOPPER_FAILED.append(f"it failed to build here ({type(exc).__name__}: {exc})")
+                reason = _HOPPER_FAILED[0]
+        if kernel == "hopper":
+            raise ValueError(f"fp8 attention: the Hopper kernel cannot run: {reason}")
+        if (out.is_cuda and _is_hopper(out.device.index or 0)
+                and (isinstance(_hopper_module(), str) or _HOPPER_FAILED)):
+            warn_once(f"fp8 attention: the Hopper kernel cannot run ({reason}); the slower "
+                      "portable Triton kernel runs instead")
+    elif kernel == "hopper":
+        raise ValueError("fp8 attention: a config is for the portable kernel, not the Hopper one")
     from . import fp8_attention_kernels as kernels
 
     b, lq, heads, dim = out.shape
@@ -169,10 +236,10 @@ def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = 
     def grid(meta):
         return (triton_cdiv(lq, meta["BLOCK_M"]), bh)
 
-    kernel = kernels.attention_kernel if config is None else kernels.attention_kernel.fn
-    kernel[grid](ops.q8, ops.k8, ops.vt, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length,
-                 lp, lq, lqp, heads, *out.stride()[:3], D=dim, KB=K_BLOCK, PV_FP8=ops.pv_fp8,
-                 **(config or {}))
+    portable = kernels.attention_kernel if config is None else kernels.attention_kernel.fn
+    portable[grid](ops.q8, ops.k8, ops.vt, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length,
+                   lp, lq, lqp, heads, *out.stride()[:3], D=dim, KB=K_BLOCK, PV_FP8=ops.pv_fp8,
+                   **(config or {}))
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

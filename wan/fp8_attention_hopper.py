@@ -1,0 +1,240 @@
+"""The fp8 attention kernel for Hopper GPUs (compute capability 9.0), in Triton's Gluon dialect:
+the numerics of fp8_attention_kernels.attention_kernel (its output is bitwise the same), with the
+work split between warps the way Hopper's asynchronous tensor cores want it.
+
+Imported only where Triton has Gluon (fp8_attention.py decides). One program takes 128 query rows
+of one head:
+- a producer warp loads each block of 128 keys and values once, by TMA (the bulk copy engine),
+  into a ring of STAGES shared-memory buffers, signalled by mbarriers;
+- two consumer warp groups (64 query rows each) share every block and take turns on the tensor
+  cores: while one multiplies, the other runs its softmax (their turns are two mbarriers);
+- within a turn a group issues block j + 1's Q K^T and block j's P V together and waits only for
+  the first: block j + 1's softmax runs while block j's P V is still on the tensor cores. No
+  product is in flight across a loop iteration (ptxas would serialize every product then);
+- registers move to the consumers (240 each; the producer keeps 24).
+
+Operands as fp8_attention_kernels documents (q8, k8, vt, their scales; rows padded to 128).
+Needs more than one block of keys (L > 128): fp8_attention.py sends shorter ones to the portable
+kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+BLOCK_M = 64  # query rows per consumer group; a program takes two groups' rows
+BLOCK_N = 128  # keys per block: the key scales' block (fp8_attention.K_BLOCK)
+STAGES = 3  # key/value buffers (2 and 4 were slower on the H100: bench/results/)
+CONSUMER_REGS = 240
+MAX_REGS = 168  # per thread at launch: 12 warps (4 + 4 + the producer's group) x 32 x 168 fit
+HEAD_DIM = 128
+
+MAGIC_I = gl.constexpr(0x4B400000)  # int32 scores read as floats: see fp8_attention_kernels
+MAGIC_F = gl.constexpr(12582912.0)
+P_LOG2 = gl.constexpr(8.807354922057604)  # P is scaled by 448 = 2^P_LOG2 before its fp8 cast
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, qs, ks, start_n, L, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
+             s_layout: gl.constexpr):
+    """One block's online softmax over int32 scores s, as fp8_attention_kernels._attend_block."""
+    scale = qs * ks
+    if MASK:
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where(offs_n[None, :] < L, s, -2147483647)
+    m_new = gl.maximum(m_i, gl.max(s, 1).to(gl.float32) * scale)
+    as_float = (s + MAGIC_I).to(gl.float32, bitcast=True)
+    bias = MAGIC_F * scale + (m_new - P_LOG2)
+    p = gl.exp2(as_float * scale[:, None] - bias[:, None])
+    if MASK:
+        p = gl.where(offs_n[None, :] < L, p, 0.0)
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _take_turn(j, q, k_smem, v_smem, ready, mine, other, t_phase, p8, zero_s, zero_o,
+               STAGES: gl.constexpr):
+    """This group's turn on the tensor cores: block j + 1's Q K^T, then block j's P V (both
+    asynchronous); the other group's turn begins as soon as they are issued."""
+    st = (j + 1) % STAGES
+    mbarrier.wait(mine, t_phase)
+    mbarrier.wait(ready.index(st), ((j + 1) // STAGES) & 1)
+    s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)
+    pv_tok = warpgroup_mma(p8, v_smem.index(j % STAGES).permute((1, 0)), zero_o, use_acc=False,
+                           is_async=True)
+    mbarrier.arrive(other, count=1)
+    return s_tok, pv_tok, t_phase ^ 1
+
+
+@gluon.jit
+def _block(j, p, q, k_smem, v_smem, ready, empty, mine, other, t_phase, acc, alpha_prev, l_i, m_i,
+           qs, ks_base, L, zero_s, zero_o, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+           MASK: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+           p_layout: gl.constexpr):
+    """Block j's P V and block j + 1's scores and softmax. p: block j's probabilities (float32;
+    carried in the accumulator layout, which costs nothing, unlike the fp8 operand layout)."""
+    p8 = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+    ks = gl.load(ks_base + j + 1)
+    s_tok, pv_tok, t_phase = _take_turn(j, q, k_smem, v_smem, ready, mine, other, t_phase, p8,
+                                        zero_s, zero_o, STAGES)
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    p, alpha, l_i, m_i = _softmax(s, m_i, l_i, qs, ks, (j + 1) * BLOCK_N, L, BLOCK_N, MASK,
+                                  s_layout)
+    pv = warpgroup_mma_wait(0, deps=(pv_tok, ))
+    mbarrier.arrive(empty.index(j % STAGES), count=1)  # block j's keys and values are read
+    # each block's product is summed in float32 registers (see fp8_attention_kernels)
+    acc = acc * alpha_prev[:, None] + pv
+    alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+    return p, acc, alpha_prev, l_i, m_i, t_phase
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, qs_ptr,
+              ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol, stride_oh,
+              D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, GROUP: gl.constexpr):
+    """Both groups' query rows, then every block of keys and values once a buffer is free (both
+    groups have read what it held)."""
+    bh = gl.program_id(1)
+    q_row = bh * LQp + gl.program_id(0) * (2 * BLOCK_M)
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + BLOCK_M, 0], q_bar, q_smem.index(1))
+    for j in range((L + BLOCK_N - 1) // BLOCK_N):
+        st = j % STAGES
+        mbarrier.wait(empty.index(st), ((j // STAGES) & 1) ^ 1)
+        bar = ready.index(st)
+        mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [bh * Lp + j * BLOCK_N, 0], bar, k_smem.index(st))
+        tma.async_copy_global_to_shared(v_desc, [bh * D, j * BLOCK_N], bar, v_smem.index(st))
+
+
+@gluon.jit
+def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, qs_ptr,
+              ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol, stride_oh,
+              D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, GROUP: gl.constexpr):
+    """One group's 64 query rows over all keys, written to the output."""
+    bh = gl.program_id(1)
+    bh64 = bh.to(gl.int64)
+    n = (L + BLOCK_N - 1) // BLOCK_N
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, D, 32])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    # turn[g] completes a phase each time the other group has issued its products; group 0 goes
+    # first (its first wait passes on the barrier's initial phase)
+    mine = turn.index(GROUP)
+    other = turn.index(1 - GROUP)
+    t_phase = 1 - GROUP
+    row0 = gl.program_id(0) * (2 * BLOCK_M) + GROUP * BLOCK_M
+    qs = gl.load(qs_ptr + bh64 * LQp + row0
+                 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)))
+    ks_base = ks_ptr + bh64 * (Lp // BLOCK_N)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, s_layout)
+    zero_o = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
+    q = q_smem.index(GROUP)
+    mbarrier.wait(q_bar, 0)
+
+    # block 0's scores alone, its softmax (block 0 is whole: L > BLOCK_N)
+    mbarrier.wait(mine, t_phase)
+    t_phase ^= 1
+    mbarrier.wait(ready.index(0), 0)
+    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    mbarrier.arrive(other, count=1)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    p, alpha, l_i, m_i = _softmax(s, m_i, l_i, qs, gl.load(ks_base), 0, L, BLOCK_N, False,
+                                  s_layout)
+    alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+    for j in range(0, n - 2):
+        p, acc, alpha_prev, l_i, m_i, t_phase = _block(
+            j, p, q, k_smem, v_smem, ready, empty, mine, other, t_phase, acc, alpha_prev, l_i,
+            m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, False, s_layout, o_layout,
+            p_layout)
+    # the last block's scores are masked past L
+    p, acc, alpha_prev, l_i, m_i, t_phase = _block(
+        n - 2, p, q, k_smem, v_smem, ready, empty, mine, other, t_phase, acc, alpha_prev, l_i,
+        m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, True, s_layout, o_layout, p_layout)
+    # and its P V alone
+    p8 = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+    mbarrier.wait(mine, t_phase)
+    pv = warpgroup_mma(p8, v_smem.index((n - 1) % STAGES).permute((1, 0)), zero_o,
+                       use_acc=False, is_async=True)
+    mbarrier.arrive(other, count=1)
+    pv = warpgroup_mma_wait(0, deps=(pv, ))
+    mbarrier.arrive(empty.index((n - 1) % STAGES), count=1)
+    acc = acc * alpha_prev[:, None] + pv
+
+    # acc and l_i both carry P's factor 448
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    vs = gl.load(vs_ptr + bh64 * D + offs_d)
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc * vs[None, :] / l_o[:, None]
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    o = o_ptr + (bh // H).to(gl.int64) * stride_ob + (bh % H) * stride_oh
+    gl.store(o + rows[:, None] * stride_ol + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=rows[:, None] < LQ)
+
+
+@gluon.jit
+def hopper_attention_kernel(q_desc, k_desc, v_desc, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp,
+                            H, stride_ob, stride_ol, stride_oh, D: gl.constexpr,
+                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                            num_warps: gl.constexpr):
+    q_smem = gl.allocate_shared_memory(gl.int8, [2, BLOCK_M, D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BLOCK_N], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both consumer groups release a buffer
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    # every partition takes the same arguments (GROUP last)
+    gl.warp_specialize([
+        (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn,
+                     qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, 0)),
+        (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn,
+                     qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, 1)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn,
+                     qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, 0)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def _descriptor(t: torch.Tensor, block: list[int], dtype) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+
+def attend(ops, out: torch.Tensor) -> None:
+    """The kernel over fp8_attention.Fp8Operands `ops` (fp8 P V, head_dim 128, more than 128
+    keys), written into out [B, Lq, heads, 128]."""
+    b, lq, heads, dim = out.shape
+    bh, lqp, _ = ops.q8.shape
+    lp = ops.k8.shape[1]
+    q_desc = _descriptor(ops.q8.view(bh * lqp, dim), [BLOCK_M, dim], gl.int8)
+    k_desc = _descriptor(ops.k8.view(bh * lp, dim), [BLOCK_N, dim], gl.int8)
+    v_desc = _descriptor(ops.vt.view(bh * dim, lp), [dim, BLOCK_N], gl.float8e4nv)
+    hopper_attention_kernel[(lqp // (2 * BLOCK_M), bh)](
+        q_desc, k_desc, v_desc, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length, lp, lq,
+        lqp, heads, *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
+        CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS)

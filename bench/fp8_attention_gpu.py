@@ -5,7 +5,9 @@
 For each shape (batch 1, head_dim 128): q, k, v drawn in bf16 with the traits of Wan's
 activations (a shared per-channel offset on the keys, a few large channels), then
   - SDPA with cuDNN first (what ComfyUI and our "sdpa_cudnn" run) and its default choice;
-  - the fp8 backend whole (quantization + kernel, autotuned), and the quantization alone;
+  - the fp8 backend whole (quantization + kernel: the Hopper kernel where it runs), the same
+    with the portable kernel (whose output the Hopper kernel must equal bit for bit), and the
+    quantization alone;
   - with --configs, every kernel configuration on its own.
 TFLOP/s count 4 * L^2 * head_dim * heads (both products). Errors of the fp8 output against
 bf16 SDPA and against a float32 reference (SDPA on float32 inputs): max |diff| / max |ref|,
@@ -92,8 +94,21 @@ def run_shape(name: str, args, device) -> dict:
         emulated = fa.reference_fp8_attention(q[few], k[few], v[few])
         row["kernel_vs_emulation"] = errors(out[few], emulated)
         del ref32, emulated
+        ops = fa.quantize_only(q, k, v)
+        row["fp8_kernel"] = ("hopper" if fa.hopper_kernel_unavailable(ops, out) is None
+                             else "portable")
+        portable = torch.empty_like(out)
+        fa.attend_quantized(ops, portable, kernel="portable")
+        row["fp8_bitwise_equal_to_portable"] = bool(torch.equal(portable, out))
+        del ops, portable
+
+        def fp8_portable():  # quantization included, as in fp8_attention
+            ops = fa.quantize_only(q, k, v)
+            fa.attend_quantized(ops, torch.empty_like(q), kernel="portable")
+
         for label, fn in (("sdpa_cudnn", lambda: cudnn(q, k, v)), ("sdpa", lambda: sdpa(q, k, v)),
                           ("fp8", lambda: fa.fp8_attention(q, k, v)),
+                          ("fp8_portable", fp8_portable),
                           ("int8_bf16pv", lambda: fa._launch(q, k, v, pv_fp8=False)),
                           ("fp8_quantize_only", lambda: fa.quantize_only(q, k, v))):
             ms = bench_ms(fn)
@@ -120,14 +135,16 @@ def run_shape(name: str, args, device) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| shape | tokens x heads | cuDNN ms (TFLOP/s) | fp8 ms (TFLOP/s) | quantize ms | "
+    lines = ["| shape | tokens x heads | cuDNN ms (TFLOP/s) | fp8 ms (TFLOP/s), kernel | "
+             "portable kernel ms (TFLOP/s) | quantize ms | "
              "fp8 vs bf16: max rel / cos / worst head cos | fp8 vs fp32 max rel | "
-             "bf16 vs fp32 max rel | kernel vs emulation rel L2 |", "|" + "---|" * 9]
+             "bf16 vs fp32 max rel | kernel vs emulation rel L2 |", "|" + "---|" * 10]
     for r in rows:
         e, f32, b32 = r["fp8_vs_bf16"], r["fp8_vs_fp32"], r["bf16_vs_fp32"]
         lines.append(
             f"| {r['shape']} | {r['tokens']} x {r['heads']} | {r['sdpa_cudnn_ms']:.2f} "
-            f"({r['sdpa_cudnn_tflops']:.0f}) | {r['fp8_ms']:.2f} ({r['fp8_tflops']:.0f}) | "
+            f"({r['sdpa_cudnn_tflops']:.0f}) | {r['fp8_ms']:.2f} ({r['fp8_tflops']:.0f}), "
+            f"{r['fp8_kernel']} | {r['fp8_portable_ms']:.2f} ({r['fp8_portable_tflops']:.0f}) | "
             f"{r['fp8_quantize_only_ms']:.2f} | {e['max_rel']:.4f} / {e['cosine']:.5f} / "
             f"{e['worst_head_cosine']:.5f} | {f32['max_rel']:.4f} | {b32['max_rel']:.4f} | "
             f"{r['kernel_vs_emulation']['rel_l2']:.2e} |")

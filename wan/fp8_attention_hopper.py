@@ -222,7 +222,8 @@ def hopper_attention_kernel(q_desc, k_desc, v_desc, qs_ptr, ks_ptr, vs_ptr, o_pt
 
 
 def _descriptor(t: torch.Tensor, block: list[int], dtype) -> TensorDescriptor:
-    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+    return TensorDescriptor.from_tensor(t, block,
+                                        gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
 def attend(ops, out: torch.Tensor) -> None:

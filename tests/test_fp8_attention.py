@@ -122,6 +122,42 @@ def test_the_hopper_kernel_names_why_it_cannot_run():
         fa.attend_quantized(ops, out, dict(BLOCK_M=64, BLOCK_N=128), kernel="hopper")
 
 
+def test_a_hopper_gpu_without_the_kernel_falls_back_to_the_portable_one_with_a_warning(
+        monkeypatch):
+    """Where Triton lacks Gluon, or the kernel fails to build, auto says so once and runs the
+    portable kernel (same output); asked for by name, the Hopper kernel is refused with the
+    reason, and a build error is not swallowed."""
+    ops = _cpu_operands(300)
+    out = torch.empty(1, 300, 2, 128, dtype=torch.bfloat16)
+    ran = []
+    monkeypatch.setattr(fa, "_on_hopper", lambda t: True)
+    monkeypatch.setattr(fa, "_attend_portable", lambda o, t, config: ran.append(config))
+    monkeypatch.setattr(fa, "_hopper_module", lambda: "this Triton has no Gluon for Hopper (x)")
+    monkeypatch.setattr(fa, "_HOPPER_FAILED", [])
+    gpu_support._WARNED.clear()
+    with pytest.warns(RuntimeWarning, match="no Gluon for Hopper.*portable Triton kernel"):
+        fa.attend_quantized(ops, out)
+    assert ran == [None]
+    with pytest.raises(ValueError, match="Hopper kernel cannot run: this Triton has no Gluon"):
+        fa.attend_quantized(ops, out, kernel="hopper")
+
+    class Broken:
+        @staticmethod
+        def attend(ops, out):
+            raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(fa, "_hopper_module", lambda: Broken)
+    with pytest.raises(RuntimeError, match="PassManager"):
+        fa.attend_quantized(ops, out, kernel="hopper")
+    assert fa._HOPPER_FAILED == []
+    with pytest.warns(RuntimeWarning, match="failed to build here.*PassManager"):
+        fa.attend_quantized(ops, out)
+    assert ran == [None, None]
+    assert "failed to build" in fa.hopper_kernel_unavailable(ops, out)  # not tried again
+    fa.attend_quantized(ops, out)
+    assert ran == [None, None, None]
+
+
 def test_the_hopper_kernel_compiles_for_sm90_without_serialized_products():
     """Offline (no GPU; where Triton with Gluon is installed): registers move to the consumers,
     nothing spills, and ptxas keeps the tensor-core products asynchronous: waits that leave one

@@ -179,12 +179,16 @@ def _is_hopper(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
+def _on_hopper(t: torch.Tensor) -> bool:
+    return t.is_cuda and _is_hopper(t.device.index or 0)
+
+
 _HOPPER_FAILED: list[str] = []  # the first launch's error, if it had one
 
 
 def hopper_kernel_unavailable(ops: Fp8Operands, out: torch.Tensor) -> str | None:
     """Why the Hopper kernel (fp8_attention_hopper) cannot take these operands, or None."""
-    if not out.is_cuda or not _is_hopper(out.device.index or 0):
+    if not _on_hopper(out):
         return "it needs a Hopper GPU (compute capability 9.0)"
     if not ops.pv_fp8:
         return "it computes P V in fp8 only"
@@ -222,12 +226,15 @@ def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = 
                 reason = _HOPPER_FAILED[0]
         if kernel == "hopper":
             raise ValueError(f"fp8 attention: the Hopper kernel cannot run: {reason}")
-        if (out.is_cuda and _is_hopper(out.device.index or 0)
-                and (isinstance(_hopper_module(), str) or _HOPPER_FAILED)):
+        if _on_hopper(out) and (isinstance(_hopper_module(), str) or _HOPPER_FAILED):
             warn_once(f"fp8 attention: the Hopper kernel cannot run ({reason}); the slower "
                       "portable Triton kernel runs instead")
     elif kernel == "hopper":
         raise ValueError("fp8 attention: a config is for the portable kernel, not the Hopper one")
+    _attend_portable(ops, out, config)
+
+
+def _attend_portable(ops: Fp8Operands, out: torch.Tensor, config: dict | None) -> None:
     from . import fp8_attention_kernels as kernels
 
     b, lq, heads, dim = out.shape

@@ -27,16 +27,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-BLOCK_M = 64  # query rows per consumer group; a program takes two groups' rows
-BLOCK_N = 128  # keys per block: the key scales' block (fp8_attention.K_BLOCK)
+# the portable kernel's constants (the same numerics, bit for bit)
+from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2
+
+BLOCK_N = K_BLOCK.value  # keys per block: the key scales' block
+BLOCK_M = BLOCK_N // 2  # query rows per consumer group: a program takes the rows padded to K_BLOCK
 STAGES = 3  # key/value buffers (2 and 4 were slower on the H100: bench/results/)
 CONSUMER_REGS = 240
 MAX_REGS = 168  # per thread at launch: 12 warps (4 + 4 + the producer's group) x 32 x 168 fit
 HEAD_DIM = 128
-
-MAGIC_I = gl.constexpr(0x4B400000)  # int32 scores read as floats: see fp8_attention_kernels
-MAGIC_F = gl.constexpr(12582912.0)
-P_LOG2 = gl.constexpr(8.807354922057604)  # P is scaled by 448 = 2^P_LOG2 before its fp8 cast
 
 
 @gluon.jit

@@ -1,4 +1,5 @@
-"""The FP8 attention kernel against SDPA at Wan's self-attention shapes: speed and error.
+"""Our attention kernels (fp8, and the exact bf16 Hopper one) against SDPA at Wan's
+self-attention shapes: speed and error.
 
     python bench/fp8_attention_gpu.py --out DIR [--shape 5b 14b 1_3b] [--configs]
 
@@ -8,6 +9,8 @@ activations (a shared per-channel offset on the keys, a few large channels), the
   - the fp8 backend whole (quantization + kernel: the Hopper kernel where it runs), the same
     with the portable kernel (whose output the Hopper kernel must equal bit for bit), and the
     quantization alone;
+  - our exact kernel (bf16_hopper, on Hopper GPUs), and at 512 keys (text cross-attention)
+    against cuDNN, which is why shorter key sequences stay on cuDNN;
   - with --configs, every kernel configuration on its own.
 TFLOP/s count 4 * L^2 * head_dim * heads (both products). Errors of the fp8 output against
 bf16 SDPA and against a float32 reference (SDPA on float32 inputs): max |diff| / max |ref|,
@@ -27,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from wan_enhanced.bench.harness import device_name, save_result
-from wan_enhanced.wan import fp8_attention as fa
+from wan_enhanced.wan import bf16_attention as ba, fp8_attention as fa
 from wan_enhanced.wan.attention import get_backend
 
 SHAPES = {"5b": (27280, 24), "14b": (75600, 40), "1_3b": (32760, 12)}
@@ -87,6 +90,10 @@ def run_shape(name: str, args, device) -> dict:
         row["fp8_vs_bf16"] = errors(out, ref_bf16)
         row["fp8_vs_fp32"] = errors(out, ref32)
         row["bf16_vs_fp32"] = errors(ref_bf16, ref32)
+        hopper16 = None
+        if ba.bf16_hopper_unavailable(device, 128) is None:
+            hopper16 = get_backend("bf16_hopper", device, 128)
+            row["bf16_hopper_vs_fp32"] = errors(hopper16(q, k, v), ref32)
         bf16pv = fa._launch(q, k, v, pv_fp8=False)
         row["int8_bf16pv_vs_fp32"] = errors(bf16pv, ref32)
         del bf16pv
@@ -110,11 +117,20 @@ def run_shape(name: str, args, device) -> dict:
                           ("fp8", lambda: fa.fp8_attention(q, k, v)),
                           ("fp8_portable", fp8_portable),
                           ("int8_bf16pv", lambda: fa._launch(q, k, v, pv_fp8=False)),
-                          ("fp8_quantize_only", lambda: fa.quantize_only(q, k, v))):
+                          ("fp8_quantize_only", lambda: fa.quantize_only(q, k, v)),
+                          *((("bf16_hopper", lambda: hopper16(q, k, v)), ) if hopper16 else ())):
             ms = bench_ms(fn)
             row[f"{label}_ms"] = ms
             row[f"{label}_tflops"] = flops / ms / 1e9
             print(f"  {name} {label}: {ms:.2f} ms, {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
+        if hopper16 is not None:  # text cross-attention: 512 keys
+            kt, vt = k[:, :512].contiguous(), v[:, :512].contiguous()
+            out = torch.empty_like(q)
+            for label, fn in (("cross512_sdpa_cudnn", lambda: cudnn(q, kt, vt)),
+                              ("cross512_bf16_hopper_kernel",
+                               lambda: ba._kernel_module().attend(q, kt, vt, out))):
+                row[f"{label}_ms"] = bench_ms(fn)
+                print(f"  {name} {label}: {row[f'{label}_ms']:.3f} ms", flush=True)
         if args.configs:
             row["configs"] = {}
             from wan_enhanced.wan.fp8_attention_kernels import attention_configs
@@ -135,18 +151,25 @@ def run_shape(name: str, args, device) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| shape | tokens x heads | cuDNN ms (TFLOP/s) | fp8 ms (TFLOP/s), kernel | "
+    lines = ["| shape | tokens x heads | cuDNN ms (TFLOP/s) | bf16 Hopper ms (TFLOP/s) | "
+             "fp8 ms (TFLOP/s), kernel | "
              "portable kernel ms (TFLOP/s) | quantize ms | "
              "fp8 vs bf16: max rel / cos / worst head cos | fp8 vs fp32 max rel | "
-             "bf16 vs fp32 max rel | kernel vs emulation rel L2 |", "|" + "---|" * 10]
+             "cuDNN vs fp32 max rel | bf16 Hopper vs fp32 max rel | "
+             "kernel vs emulation rel L2 |", "|" + "---|" * 12]
     for r in rows:
         e, f32, b32 = r["fp8_vs_bf16"], r["fp8_vs_fp32"], r["bf16_vs_fp32"]
+        h16 = (f"{r['bf16_hopper_ms']:.2f} ({r['bf16_hopper_tflops']:.0f})"
+               if "bf16_hopper_ms" in r else "-")
+        h16_err = (f"{r['bf16_hopper_vs_fp32']['max_rel']:.4f}" if "bf16_hopper_vs_fp32" in r
+                   else "-")
         lines.append(
             f"| {r['shape']} | {r['tokens']} x {r['heads']} | {r['sdpa_cudnn_ms']:.2f} "
-            f"({r['sdpa_cudnn_tflops']:.0f}) | {r['fp8_ms']:.2f} ({r['fp8_tflops']:.0f}), "
+            f"({r['sdpa_cudnn_tflops']:.0f}) | {h16} | {r['fp8_ms']:.2f} ({r['fp8_tflops']:.0f}), "
             f"{r['fp8_kernel']} | {r['fp8_portable_ms']:.2f} ({r['fp8_portable_tflops']:.0f}) | "
             f"{r['fp8_quantize_only_ms']:.2f} | {e['max_rel']:.4f} / {e['cosine']:.5f} / "
             f"{e['worst_head_cosine']:.5f} | {f32['max_rel']:.4f} | {b32['max_rel']:.4f} | "
+            f"{h16_err} | "
             f"{r['kernel_vs_emulation']['rel_l2']:.2e} |")
     return "\n".join(lines) + "\n"
 

@@ -2,14 +2,16 @@
 compiler made of it: registers, local-memory spills, and how the tensor-core products are
 waited for.
 
-    python bench/kernel_probe.py [--config 64 128 4 3 ...] [--hopper] [--sass FILE]
+    python bench/kernel_probe.py [--config 64 128 4 3 ...] [--hopper | --hopper-bf16]
+                                 [--sass FILE]
 
 Needs Triton (its bundled ptxas and cuobjdump), not a GPU. Per configuration (BLOCK_M BLOCK_N
 num_warps num_stages) it prints the registers per thread, the spill stores and loads in the
 SASS, the number of wgmma instructions, and the pending count of every `wgmma.wait_group` in
 the PTX: all zeros means every product is waited for right after it is issued, so within one
 warp group the softmax never overlaps the tensor cores. --hopper probes the Hopper kernel
-(wan/fp8_attention_hopper.py) and says whether ptxas serializes its products.
+(wan/fp8_attention_hopper.py) and says whether ptxas serializes its products; --hopper-bf16
+the same of the exact Hopper kernel (wan/bf16_attention_hopper.py).
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ def compile_for_sm90(block_m: int, block_n: int, warps: int, stages: int, pv_fp8
                           options={"num_warps": warps, "num_stages": stages})
 
 
-def _descriptor_type(dtype: str, block: tuple[int, int]) -> str:
+def _descriptor_type(dtype: str, block: tuple[int, int], bits: int = 8) -> str:
     return (f"tensordesc<{dtype}[{block[0]}, {block[1]}],NVMMASharedLayout(swizzle_byte_width=128, "
-            "element_bitwidth=8, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
+            f"element_bitwidth={bits}, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
 
 
 def compile_hopper_for_sm90():
@@ -73,6 +75,32 @@ def compile_hopper_for_sm90():
                  for name in fn.arg_names}
     aligned = [name for name in fn.arg_names
                if name not in constants and name != "H" and not name.endswith("_desc")]
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = GluonASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": hopper.MAX_REGS})
+
+
+def compile_bf16_hopper_for_sm90():
+    """The exact Hopper kernel (wan/bf16_attention_hopper.py) in bf16 with its launcher's
+    settings."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from wan_enhanced.wan import bf16_attention_hopper as hopper
+
+    fn = hopper.hopper_bf16_attention_kernel
+    constants = {"D": hopper.HEAD_DIM, "BLOCK_M": hopper.BLOCK_M, "BLOCK_N": hopper.BLOCK_N,
+                 "STAGES": hopper.STAGES, "CONSUMER_REGS": hopper.CONSUMER_REGS, "num_warps": 4}
+    types = {"q_desc": _descriptor_type("bf16", (hopper.BLOCK_M, hopper.HEAD_DIM), 16),
+             "k_desc": _descriptor_type("bf16", (hopper.BLOCK_N, hopper.HEAD_DIM), 16),
+             "v_desc": _descriptor_type("bf16", (hopper.BLOCK_N, hopper.HEAD_DIM), 16),
+             "o_ptr": "*bf16", "score_scale": "fp32"}
+    signature = {name: types.get(name, "constexpr" if name in constants else "i32")
+                 for name in fn.arg_names}
+    aligned = [name for name in fn.arg_names if name not in constants
+               and name not in ("H", "score_scale") and not name.endswith("_desc")]
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
@@ -121,17 +149,19 @@ def main(argv=None) -> int:
     parser.add_argument("--sass", type=Path, help="write the first configuration's SASS here")
     parser.add_argument("--hopper", action="store_true",
                         help="the Hopper kernel (fp8_attention_hopper.py) instead")
+    parser.add_argument("--hopper-bf16", action="store_true",
+                        help="the exact Hopper kernel (bf16_attention_hopper.py) instead")
     args = parser.parse_args(argv)
     try:
         import triton  # noqa: F401
     except ImportError:
         print("kernel_probe: needs Triton (pip install triton); no GPU is needed", file=sys.stderr)
         return 2
-    if args.hopper:
-        kernel = compile_hopper_for_sm90()
+    if args.hopper or args.hopper_bf16:
+        kernel = compile_hopper_for_sm90() if args.hopper else compile_bf16_hopper_for_sm90()
         facts, sass = report(kernel)
         facts["serialized"] = serialized(kernel)
-        print(f"hopper kernel: {facts}")
+        print(f"{'hopper' if args.hopper else 'bf16 hopper'} kernel: {facts}")
         if args.sass is not None:
             args.sass.write_text(sass)
         return 0

@@ -63,9 +63,11 @@ def _validate_file(folder: str, name: str, field: str):
     return verdict([loader_file_problem(folder, name, field)])
 
 ATTENTION = ("attention kernel: auto (the fastest for the weights: fp8 attention with "
-             "fp8_e4m3fn_fast, cuDNN SDPA otherwise), sdpa, sdpa_cudnn, fp8_triton (our fp8 "
-             "kernel: Ada/Hopper GPUs with Triton, about 1/1000 error; elsewhere SDPA with a "
-             "warning), flash_attn / sageattention when installed")
+             "fp8_e4m3fn_fast; otherwise exact attention, bf16_hopper on Hopper GPUs, cuDNN "
+             "SDPA elsewhere), sdpa, sdpa_cudnn, bf16_hopper (our exact kernel: Hopper GPUs "
+             "with Triton; elsewhere SDPA with a warning), fp8_triton (our fp8 kernel: "
+             "Ada/Hopper GPUs with Triton, about 1/1000 error; elsewhere SDPA with a warning), "
+             "flash_attn / sageattention when installed")
 
 
 class WanModelLoader:

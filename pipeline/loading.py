@@ -15,6 +15,7 @@ from ..quant.kernels import fp8_matmul_unavailable
 from ..quant.linear import fast_fallback_message
 from ..quant.schemes import COMPUTE_DTYPE, SCHEMES
 from ..wan.attention import available_backends, fp8_attention_fallback, resolve_backend
+from ..wan.bf16_attention import bf16_hopper_fallback, bf16_hopper_unavailable
 from ..wan.fp8_attention import fp8_attention_unavailable
 from ..wan.tokenizer import UMT5Tokenizer
 from .handles import WanCLIPVisionHandle, WanModelHandle, WanTextEncoderHandle, WanVAEHandle
@@ -61,8 +62,9 @@ def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "auto",
         raise CheckpointError(f"attention: {attention!r} is not available here; available: "
                               f"{available_backends()}")
     weight_dtype = resolve_dtype(weight_dtype)
-    attention = resolve_backend(attention, weight_dtype)
-    _check_attention(attention)
+    attention = resolve_backend(attention, weight_dtype, host.compute_device())
+    _check_attention(attention, COMPUTE_DTYPE if weight_dtype in SCHEMES
+                     else DTYPES.get(weight_dtype))
     if weight_dtype in SCHEMES:
         _check_fast_fp8(weight_dtype)
         model, info = load_dit(path, COMPUTE_DTYPE, quantization=weight_dtype)
@@ -73,13 +75,17 @@ def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "auto",
     return WanModelHandle(_resident(model, keep_on_gpu), info, attention, compile, weight_dtype)
 
 
-def _check_attention(attention: str) -> None:
-    """Say at load time when the fp8 attention kernel will not run (the blocks fall back to
-    SDPA; under torch.compile they cannot warn themselves)."""
+def _check_attention(attention: str, compute_dtype: torch.dtype | None) -> None:
+    """Say at load time when our attention kernel will not run (the blocks fall back to SDPA;
+    under torch.compile they cannot warn themselves)."""
     if attention == "fp8_triton":
         reason = fp8_attention_unavailable(host.compute_device())
         if reason is not None:
             warn_once(fp8_attention_fallback(reason))
+    elif attention == "bf16_hopper":
+        reason = bf16_hopper_unavailable(host.compute_device(), dtype=compute_dtype)
+        if reason is not None:
+            warn_once(bf16_hopper_fallback(reason))
 
 
 def _check_fast_fp8(weight_dtype: str) -> None:

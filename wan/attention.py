@@ -1,49 +1,27 @@
 """Attention backends. All take q, k, v as [B, L, heads, head_dim] and return the same layout.
 
 "sdpa" is PyTorch's scaled_dot_product_attention with its own kernel choice; "sdpa_cudnn" asks
-for the cuDNN kernel first (the fastest exact kernel at Wan shapes on Hopper); "fp8_triton" is our
-FP8 kernel (fp8_attention.py: NVIDIA GPUs of compute capability 8.9+ with Triton; elsewhere SDPA
-with a warning); "flash_attn" and "sageattention" are offered only when their packages import.
-"auto" picks per weight format (resolve_backend): fp8 attention where the weights already run
-their matrices in fp8 (fp8_e4m3fn_fast), the exact cuDNN-first SDPA otherwise.
+for the cuDNN kernel first (PyTorch's fastest exact kernel at Wan shapes on Hopper);
+"bf16_hopper" is our exact kernel for Hopper GPUs (bf16_attention.py; elsewhere cuDNN-first SDPA
+with a warning); "fp8_triton" is our FP8 kernel (fp8_attention.py: NVIDIA GPUs of compute
+capability 8.9+ with Triton; elsewhere SDPA with a warning); "flash_attn" and "sageattention"
+are offered only when their packages import.
+"auto" picks per weight format and device (resolve_backend): fp8 attention where the weights
+already run their matrices in fp8 (fp8_e4m3fn_fast); otherwise exact attention: bf16_hopper
+where it runs (a Hopper GPU with Triton, weights computing in bf16 or fp16), else cuDNN-first SDPA.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..gpu_support import warn_once
+from .bf16_attention import bf16_hopper_attention, bf16_hopper_fallback, bf16_hopper_unavailable
 from .fp8_attention import fp8_attention, fp8_attention_unavailable
-
-
-def _sdpa(q, k, v):
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    return out.transpose(1, 2)
-
-
-def _cudnn_first():
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # torch < 2.3
-        return contextlib.nullcontext()
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-             SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    try:
-        return sdpa_kernel(order, set_priority=True)
-    except TypeError:  # set_priority arrived in torch 2.6
-        return sdpa_kernel(order)
-
-
-def _sdpa_cudnn(q, k, v):
-    if q.device.type != "cuda":
-        return _sdpa(q, k, v)
-    with _cudnn_first():
-        return _sdpa(q, k, v)
+from .sdpa import sdpa, sdpa_cudnn
 
 
 def _flash_attn(q, k, v):
@@ -67,8 +45,9 @@ def _sageattention(q, k, v):
 
 _BACKENDS: dict[str, tuple[Callable | None, str | None]] = {
     "auto": (None, None),
-    "sdpa": (_sdpa, None),
-    "sdpa_cudnn": (_sdpa_cudnn, None),
+    "sdpa": (sdpa, None),
+    "sdpa_cudnn": (sdpa_cudnn, None),
+    "bf16_hopper": (None, None),
     "fp8_triton": (None, None),
     "flash_attn": (_flash_attn, "flash_attn"),
     "sageattention": (_sageattention, "sageattention"),
@@ -89,16 +68,26 @@ def available_backends() -> list[str]:
     return [name for name, (_, module) in _BACKENDS.items() if _importable(module)]
 
 
-# What "auto" runs for each weight format (the README's table says the same).
+# What "auto" runs for each weight format (the README's table says the same): fp8 attention for
+# weights whose matrices run in fp8; exact attention otherwise, ours where it runs.
 AUTO_BY_WEIGHTS = {"fp8_e4m3fn_fast": "fp8_triton"}
+AUTO_EXACT = "bf16_hopper"
 AUTO_DEFAULT = "sdpa_cudnn"
+FLOAT32_WEIGHTS = ("fp32", )
 
 
-def resolve_backend(name: str, weight_dtype: str | None = None) -> str:
-    """A concrete backend name: "auto" becomes the choice for `weight_dtype`."""
-    if name == "auto":
-        return AUTO_BY_WEIGHTS.get(weight_dtype or "", AUTO_DEFAULT)
-    return name
+def resolve_backend(name: str, weight_dtype: str | None = None,
+                    device: torch.device | None = None) -> str:
+    """A concrete backend name: "auto" becomes the choice for `weight_dtype` on `device` (None:
+    weights computing in 16 bits)."""
+    if name != "auto":
+        return name
+    if weight_dtype in AUTO_BY_WEIGHTS:
+        return AUTO_BY_WEIGHTS[weight_dtype]
+    if (weight_dtype not in FLOAT32_WEIGHTS and device is not None
+            and bf16_hopper_unavailable(device) is None):
+        return AUTO_EXACT
+    return AUTO_DEFAULT
 
 
 def fp8_attention_fallback(reason: str) -> str:
@@ -109,18 +98,29 @@ def fp8_attention_fallback(reason: str) -> str:
 def get_backend(name: str, device: torch.device | None = None,
                 head_dim: int | None = None) -> Callable:
     """The attention function of backend `name` for tensors on `device`. A backend that cannot
-    run there (fp8_triton without Triton or on an older GPU) gives SDPA, with a warning that
-    names the backend, the requirement and the fallback."""
+    run there (fp8_triton without Triton or on an older GPU, bf16_hopper off Hopper) gives SDPA
+    with cuDNN first, with a warning that names the backend, the requirement and the fallback
+    ("auto" falls back without one: it promises only the fastest exact kernel that runs)."""
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; expected one of {list(_BACKENDS)}")
-    fn, module = _BACKENDS[resolve_backend(name)]
+    device = device or torch.device("cpu")
+    chosen_by_auto = name == "auto"
+    name = resolve_backend(name, device=device)
+    fn, module = _BACKENDS[name]
     if not _importable(module):
         raise ValueError(f"attention backend {name!r} needs the package {module!r}, "
                          f"which is not installed; available: {available_backends()}")
-    if resolve_backend(name) == "fp8_triton":
-        reason = fp8_attention_unavailable(device or torch.device("cpu"), head_dim)
+    if name == "fp8_triton":
+        reason = fp8_attention_unavailable(device, head_dim)
         if reason is None:
             return fp8_attention
         warn_once(fp8_attention_fallback(reason))
-        return _sdpa_cudnn
+        return sdpa_cudnn
+    if name == "bf16_hopper":
+        reason = bf16_hopper_unavailable(device, head_dim)
+        if reason is None:
+            return bf16_hopper_attention
+        if not chosen_by_auto:
+            warn_once(bf16_hopper_fallback(reason))
+        return sdpa_cudnn
     return fn

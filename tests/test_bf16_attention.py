@@ -77,6 +77,7 @@ def test_the_reasons_on_a_gpu_name_the_gpu_and_the_dtype(monkeypatch):
 def test_the_loader_says_at_load_time_when_the_kernel_will_not_run(monkeypatch):
     from wan_enhanced.pipeline import loading
 
+    monkeypatch.setattr(loading.host, "compute_device", lambda: torch.device("cpu"))
     gpu_support._WARNED.clear()
     with pytest.warns(RuntimeWarning, match="'bf16_hopper' cannot run here: it needs"):
         loading._check_attention("bf16_hopper", torch.bfloat16)

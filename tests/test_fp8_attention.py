@@ -158,6 +158,16 @@ def test_a_hopper_gpu_without_the_kernel_falls_back_to_the_portable_one_with_a_w
     assert ran == [None, None, None]
 
 
+def test_every_autotuned_configuration_computes_the_same_bits():
+    """The softmax's running maximum is per key block, so P's fp8 rounding depends on the block:
+    every configuration the autotuner may pick takes K_BLOCK keys, or the output would depend on
+    which one won the timing in this process (and the Hopper kernel would equal only some)."""
+    pytest.importorskip("triton")
+    from wan_enhanced.wan import fp8_attention_kernels as kernels
+
+    assert {config.kwargs["BLOCK_N"] for config in kernels.attention_configs()} == {fa.K_BLOCK}
+
+
 def test_the_hopper_kernel_compiles_for_sm90_without_serialized_products():
     """Offline (no GPU; where Triton with Gluon is installed): registers move to the consumers,
     nothing spills, and ptxas keeps the tensor-core products asynchronous: waits that leave one

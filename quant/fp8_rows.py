@@ -16,6 +16,23 @@ from ..gpu_support import triton_kernels_usable
 from .rowwise import FP8, quantize_rows
 
 MAX_WIDTH = 32768  # one row in one program's registers
+GRANULE = 256  # the narrowest part of a row (fp8_rows_kernel)
+MOST_PARTS = 4
+
+
+def row_parts(width: int) -> tuple[int, int, int, int]:
+    """A row of `width` as up to four power-of-two parts, widest first (zeros: absent), that
+    cover it with little to spare: the width rounded up to GRANULE, in binary (8960 = 8192 +
+    512 + 256; 14336 = 8192 + 4096 + 2048); past four parts the narrowest are merged into one
+    power of two. One power of two for a width of at most GRANULE."""
+    if width <= GRANULE:
+        return (1 << (width - 1).bit_length(), 0, 0, 0)
+    padded = -(-width // GRANULE) * GRANULE
+    parts = [1 << bit for bit in reversed(range(padded.bit_length())) if padded >> bit & 1]
+    if len(parts) > MOST_PARTS:
+        tail = sum(parts[MOST_PARTS - 1:])
+        parts = parts[:MOST_PARTS - 1] + [1 << (tail - 1).bit_length()]
+    return tuple(parts + [0] * (MOST_PARTS - len(parts)))
 
 
 def rows_kernel_usable(x: torch.Tensor) -> bool:
@@ -32,10 +49,11 @@ def launch_rows(x: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = 
     x = x.contiguous()
     codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
-    block = 1 << (width - 1).bit_length()
+    parts = row_parts(width)
     fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales, width,
-                             HAS_BIAS=bias is not None, GELU=gelu, BLOCK=block,
-                             num_warps=16 if block >= 8192 else 8)
+                             HAS_BIAS=bias is not None, GELU=gelu, PART0=parts[0],
+                             PART1=parts[1], PART2=parts[2], PART3=parts[3],
+                             num_warps=16 if parts[0] >= 8192 else 8)
     return codes, scales
 
 

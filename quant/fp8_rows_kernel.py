@@ -15,14 +15,10 @@ SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def fp8_rows_kernel(x_ptr, bias_ptr, codes_ptr, scales_ptr, K, HAS_BIAS: tl.constexpr,
-                    GELU: tl.constexpr, BLOCK: tl.constexpr):
-    """One program per row: the row (plus the bias) is read once, kept in registers for its
-    maximum and its codes (codes = y / scale, scale = max |y| / 448, y = gelu(x) or x; the
-    division of the codes rounded as IEEE's, so without the GELU the codes are PyTorch's to the
-    bit)."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
+def _part(x_ptr, bias_ptr, row, K, START: tl.constexpr, SIZE: tl.constexpr,
+          HAS_BIAS: tl.constexpr, GELU: tl.constexpr):
+    """Columns START..START + SIZE of the row (masked past K): y, their indices, the mask."""
+    cols = START + tl.arange(0, SIZE)
     inside = cols < K
     x = tl.load(x_ptr + row * K + cols, mask=inside, other=0.0).to(tl.float32)
     if HAS_BIAS:
@@ -33,7 +29,45 @@ def fp8_rows_kernel(x_ptr, bias_ptr, codes_ptr, scales_ptr, K, HAS_BIAS: tl.cons
         y = 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))
     else:
         y = x
-    scale = tl.maximum(tl.max(tl.abs(y), axis=0) * INV_FP8_MAX, SMALLEST_SCALE)
+    return y, cols, inside
+
+
+@triton.jit
+def _store(y, scale, codes_ptr, cols, inside):
     codes = tl.clamp(tl.math.div_rn(y, scale), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
-    tl.store(codes_ptr + row * K + cols, codes, mask=inside)
+    tl.store(codes_ptr + cols, codes, mask=inside)
+
+
+@triton.jit
+def fp8_rows_kernel(x_ptr, bias_ptr, codes_ptr, scales_ptr, K, HAS_BIAS: tl.constexpr,
+                    GELU: tl.constexpr, PART0: tl.constexpr, PART1: tl.constexpr,
+                    PART2: tl.constexpr, PART3: tl.constexpr):
+    """One program per row: the row (plus the bias) is read once, kept in registers for its
+    maximum and its codes (codes = y / scale, scale = max |y| / 448, y = gelu(x) or x; the
+    division of the codes rounded as IEEE's, so without the GELU the codes are PyTorch's to the
+    bit). The row is held as up to four parts of power-of-two widths (fp8_rows.row_parts), so a
+    width such as 8960 takes 8192 + 512 + 256 lanes, not 16384."""
+    row = tl.program_id(0).to(tl.int64)
+    y0, cols0, inside0 = _part(x_ptr, bias_ptr, row, K, 0, PART0, HAS_BIAS, GELU)
+    amax = tl.max(tl.abs(y0), axis=0)
+    if PART1 > 0:
+        y1, cols1, inside1 = _part(x_ptr, bias_ptr, row, K, PART0, PART1, HAS_BIAS, GELU)
+        amax = tl.maximum(amax, tl.max(tl.abs(y1), axis=0))
+    if PART2 > 0:
+        y2, cols2, inside2 = _part(x_ptr, bias_ptr, row, K, PART0 + PART1, PART2, HAS_BIAS,
+                                   GELU)
+        amax = tl.maximum(amax, tl.max(tl.abs(y2), axis=0))
+    if PART3 > 0:
+        y3, cols3, inside3 = _part(x_ptr, bias_ptr, row, K, PART0 + PART1 + PART2, PART3,
+                                   HAS_BIAS, GELU)
+        amax = tl.maximum(amax, tl.max(tl.abs(y3), axis=0))
+    scale = tl.maximum(amax * INV_FP8_MAX, SMALLEST_SCALE)
+    codes_ptr += row * K
+    _store(y0, scale, codes_ptr, cols0, inside0)
+    if PART1 > 0:
+        _store(y1, scale, codes_ptr, cols1, inside1)
+    if PART2 > 0:
+        _store(y2, scale, codes_ptr, cols2, inside2)
+    if PART3 > 0:
+        _store(y3, scale, codes_ptr, cols3, inside3)
     tl.store(scales_ptr + row, scale)

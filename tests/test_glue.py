@@ -133,3 +133,23 @@ def test_gelu_fp8_rows_kernel_matches_its_statement():
     # codes equal but where float32 rounding of the GELU moves a value across a rounding edge
     assert float((got != ref).float().mean()) < 1e-3
     assert _rel(got, ref) < 1e-3
+
+
+def test_a_row_is_held_as_few_power_of_two_parts():
+    """The rows kernel's parts cover the row with little to spare (a width of 8960, 1.3B's FFN,
+    padded to one power of two took 16384 lanes) in at most four widest-first parts."""
+    from wan_enhanced.quant.fp8_rows import GRANULE, row_parts
+
+    assert row_parts(8960) == (8192, 512, 256, 0)
+    assert row_parts(14336) == (8192, 4096, 2048, 0)
+    assert row_parts(5120) == (4096, 1024, 0, 0)
+    assert row_parts(13824) == (8192, 4096, 1024, 512)
+    assert row_parts(64) == (64, 0, 0, 0)
+    for width in range(1, 40000, 97):
+        parts = row_parts(width)
+        used = [p for p in parts if p]
+        assert all(p & (p - 1) == 0 for p in used)
+        assert list(used) == sorted(used, reverse=True) and parts[len(used):] == (0, ) * (4 - len(used))
+        assert sum(used) >= width
+        if width > GRANULE:
+            assert sum(used) - width < max(GRANULE, used[-1])

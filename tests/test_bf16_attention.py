@@ -99,6 +99,16 @@ def test_short_keys_and_float32_inputs_go_to_cudnn_sdpa(monkeypatch):
     assert torch.equal(ba.bf16_hopper_attention(q, k, v), sdpa_cudnn(q, k, v))
 
 
+def test_mismatched_inputs_never_reach_the_kernel(monkeypatch):
+    """Heads or batches that differ between q and k are SDPA's to refuse, not the kernel's to
+    misread."""
+    monkeypatch.setattr(ba, "HOPPER_ATTENTION", lambda *a: pytest.fail("the kernel ran"))
+    q, _, _ = _qkv(1, 300, 300, 2)
+    _, k, v = _qkv(1, 300, ba.MIN_KEYS, 3)
+    with pytest.raises(RuntimeError):
+        ba.bf16_hopper_attention(q, k, v)
+
+
 def test_a_kernel_that_fails_to_build_is_said_once_and_not_tried_again(monkeypatch):
     calls = []
 

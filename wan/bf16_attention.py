@@ -91,6 +91,8 @@ HOPPER_ATTENTION = kernel_operator("wan_enhanced_attention::bf16_hopper_attentio
 def bf16_hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The backend: attention of q [B, Lq, heads, 128] over k, v [B, L, heads, 128]. Callers
     check bf16_hopper_unavailable first."""
-    if k.shape[1] < MIN_KEYS or q.dtype not in DTYPES or k.shape != v.shape:
+    fits = (k.shape == v.shape and q.shape[0] == k.shape[0] and q.shape[2:] == k.shape[2:]
+            and q.shape[-1] == HEAD_DIM and q.dtype in DTYPES and k.dtype == v.dtype == q.dtype)
+    if not fits or k.shape[1] < MIN_KEYS:  # SDPA also says what is wrong with a bad input
         return sdpa_cudnn(q, k, v)
     return HOPPER_ATTENTION(q, k, v)

@@ -55,56 +55,49 @@ def _descriptor_type(dtype: str, block: tuple[int, int], bits: int = 8) -> str:
             f"element_bitwidth={bits}, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
 
 
-def compile_hopper_for_sm90():
-    """The Hopper kernel (wan/fp8_attention_hopper.py) with its launcher's settings."""
+def _compile_gluon_for_sm90(module, fn, types: dict[str, str], unaligned: tuple[str, ...]):
+    """A Hopper kernel of `module` (its HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMER_REGS,
+    MAX_REGS) with its launcher's settings: `types` for the descriptors and pointers, every
+    other integer argument but `unaligned` a multiple of 16, as the launcher specializes them."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    constants = {"D": module.HEAD_DIM, "BLOCK_M": module.BLOCK_M, "BLOCK_N": module.BLOCK_N,
+                 "STAGES": module.STAGES, "CONSUMER_REGS": module.CONSUMER_REGS, "num_warps": 4}
+    signature = {name: types.get(name, "constexpr" if name in constants else "i32")
+                 for name in fn.arg_names}
+    aligned = [name for name in fn.arg_names if name not in constants
+               and name not in unaligned and not name.endswith("_desc")]
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = GluonASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": module.MAX_REGS})
+
+
+def compile_hopper_for_sm90():
+    """The Hopper kernel (wan/fp8_attention_hopper.py) with its launcher's settings."""
     from wan_enhanced.wan import fp8_attention_hopper as hopper
 
-    fn = hopper.hopper_attention_kernel
-    constants = {"D": hopper.HEAD_DIM, "BLOCK_M": hopper.BLOCK_M, "BLOCK_N": hopper.BLOCK_N,
-                 "STAGES": hopper.STAGES, "CONSUMER_REGS": hopper.CONSUMER_REGS, "num_warps": 4}
     types = {"q_desc": _descriptor_type("i8", (hopper.BLOCK_M, hopper.HEAD_DIM)),
              "k_desc": _descriptor_type("i8", (hopper.BLOCK_N, hopper.HEAD_DIM)),
              "v_desc": _descriptor_type("fp8e4nv", (hopper.HEAD_DIM, hopper.BLOCK_N)),
              **{name: kind for name, kind in POINTERS.items() if name not in ("q_ptr", "k_ptr",
                                                                               "vt_ptr")}}
-    signature = {name: types.get(name, "constexpr" if name in constants else "i32")
-                 for name in fn.arg_names}
-    aligned = [name for name in fn.arg_names
-               if name not in constants and name != "H" and not name.endswith("_desc")]
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    source = GluonASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": hopper.MAX_REGS})
+    return _compile_gluon_for_sm90(hopper, hopper.hopper_attention_kernel, types, ("H", ))
 
 
 def compile_bf16_hopper_for_sm90():
     """The exact Hopper kernel (wan/bf16_attention_hopper.py) in bf16 with its launcher's
     settings."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from wan_enhanced.wan import bf16_attention_hopper as hopper
 
-    fn = hopper.hopper_bf16_attention_kernel
-    constants = {"D": hopper.HEAD_DIM, "BLOCK_M": hopper.BLOCK_M, "BLOCK_N": hopper.BLOCK_N,
-                 "STAGES": hopper.STAGES, "CONSUMER_REGS": hopper.CONSUMER_REGS, "num_warps": 4}
-    types = {"q_desc": _descriptor_type("bf16", (hopper.BLOCK_M, hopper.HEAD_DIM), 16),
-             "k_desc": _descriptor_type("bf16", (hopper.BLOCK_N, hopper.HEAD_DIM), 16),
-             "v_desc": _descriptor_type("bf16", (hopper.BLOCK_N, hopper.HEAD_DIM), 16),
-             "o_ptr": "*bf16", "score_scale": "fp32"}
-    signature = {name: types.get(name, "constexpr" if name in constants else "i32")
-                 for name in fn.arg_names}
-    aligned = [name for name in fn.arg_names if name not in constants
-               and name not in ("H", "score_scale") and not name.endswith("_desc")]
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    source = GluonASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": hopper.MAX_REGS})
+    types = {name: _descriptor_type("bf16", (rows, hopper.HEAD_DIM), 16)
+             for name, rows in (("q_desc", hopper.BLOCK_M), ("k_desc", hopper.BLOCK_N),
+                                ("v_desc", hopper.BLOCK_N))}
+    types.update(o_ptr="*bf16", score_scale="fp32")
+    return _compile_gluon_for_sm90(hopper, hopper.hopper_bf16_attention_kernel, types,
+                                   ("H", "score_scale"))
 
 
 def serialized(kernel) -> bool:

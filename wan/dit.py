@@ -182,7 +182,7 @@ class WanBlock(nn.Module):
     def forward(self, x, e0, rope, context, image_context, attend, compute_dtype,
                 attention_rows: int | None = None):
         """x: float32 [B, L, D] residual stream, updated in place and returned; e0: float32
-        [B, G, 6, D] time projection.
+        [B, G, 6, D] time projection. The attention phases, then the feed-forward phase.
 
         Each phase runs over row chunks (row_chunks, ffn_chunks) and adds its output to those
         rows of x at once. That is exact: a row's queries, norms and FFN depend on that row
@@ -190,16 +190,30 @@ class WanBlock(nn.Module):
         any row changes. attention_rows: the chunk size of the two attention phases (default
         ROW_CHUNK_TOKENS).
         """
-        shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = (
-            self.modulation.float() + e0).unbind(2)
+        x = self.attention_phases(x, e0, rope, context, image_context, attend, compute_dtype,
+                                  attention_rows)
+        return self.feed_forward_phase(x, e0, compute_dtype)
+
+    def _modulated(self, e0):
+        """shift, scale, gate of self-attention, then of the FFN: float32 [B, G, D] each."""
+        return (self.modulation.float() + e0).unbind(2)
+
+    def _normed(self, x, start, end, shift, scale, compute_dtype):
+        length = x.shape[1]
+        return norm_modulate(x[:, start:end], group_rows(shift, start, end, length),
+                             group_rows(scale, start, end, length), self.eps, compute_dtype)
+
+    def attention_phases(self, x, e0, rope, context, image_context, attend, compute_dtype,
+                         attention_rows: int | None = None):
+        """Self-attention and cross-attention added to x (in place; returned)."""
+        shift_sa, scale_sa, gate_sa = self._modulated(e0)[:3]
         length, groups, eps = x.shape[1], e0.shape[1], self.eps
 
         def rows(table, start, end):
             return group_rows(table, start, end, length)
 
         def normed(start, end, shift, scale):
-            return norm_modulate(x[:, start:end], rows(shift, start, end),
-                                 rows(scale, start, end), eps, compute_dtype)
+            return self._normed(x, start, end, shift, scale, compute_dtype)
 
         attn = self.self_attn
         # over several processes (distributed/sequence_split.py) self-attention spans them all
@@ -226,11 +240,17 @@ class WanBlock(nn.Module):
             h = part.to(compute_dtype) if self.norm3 is None else norm_affine(
                 part, self.norm3, eps, compute_dtype)
             add_gated_(part, self.cross_attn.attend_rows(h, text_kv, image_kv, attend), None)
+        return x
 
+    def feed_forward_phase(self, x, e0, compute_dtype):
+        """The FFN added to x (in place; returned), over row chunks (ffn_chunks)."""
+        shift_ff, scale_ff, gate_ff = self._modulated(e0)[3:]
+        length, groups = x.shape[1], e0.shape[1]
         for start, end in ffn_chunks(length, groups, self.ffn[0].out_features,
                                      compute_dtype.itemsize):
-            out = feed_forward(self.ffn, normed(start, end, shift_ff, scale_ff))
-            add_gated_(x[:, start:end], out, rows(gate_ff, start, end))
+            out = feed_forward(self.ffn, self._normed(x, start, end, shift_ff, scale_ff,
+                                                      compute_dtype))
+            add_gated_(x[:, start:end], out, group_rows(gate_ff, start, end, length))
         return x
 
     def _chunked_keys_values(self, x, chunks, normed, shift, scale, rope, compute_dtype):
@@ -465,16 +485,28 @@ _COMPILED_BLOCK_FORWARD = None
 
 
 def compiled_block_forward():
-    """WanBlock.forward through torch.compile, made once per process and shared by every block of
-    every model: the weights are graph inputs, so 30 or 40 blocks reuse one compiled graph. It
-    fuses the float32 norms, modulation, RoPE and gated residuals around the matrix and attention
-    kernels into a few Triton kernels (a forward's time drops by about a quarter on an H100). A
-    new video shape compiles again (tens of seconds, once); values differ from the eager blocks
-    by rounding only, since the fused kernels skip intermediate roundings."""
+    """WanBlock.forward with each of its two phases (attention_phases, feed_forward_phase)
+    through torch.compile, made once per process and shared by every block of every model: the
+    weights are graph inputs, so 30 or 40 blocks reuse the two compiled graphs. They fuse the
+    float32 norms, modulation, RoPE and gated residuals around the matrix and attention kernels
+    into a few Triton kernels (a forward's time drops by about a quarter on an H100). Two
+    graphs, not one: a compiled graph updates the residual stream out of place and writes it
+    back at its end, so one graph for the whole block held a float32 working copy of x through
+    the FFN; each phase's graph ends in the update itself. A new video shape compiles again
+    (tens of seconds, once); values differ from the eager blocks by rounding only, since the
+    fused kernels skip intermediate roundings."""
     global _COMPILED_BLOCK_FORWARD
     if _COMPILED_BLOCK_FORWARD is None:
         _raise_recompile_limit(COMPILED_GRAPHS_KEPT)
-        _COMPILED_BLOCK_FORWARD = torch.compile(WanBlock.forward, dynamic=False)
+        attention = torch.compile(WanBlock.attention_phases, dynamic=False)
+        feed_forward_phase = torch.compile(WanBlock.feed_forward_phase, dynamic=False)
+
+        def forward(block, x, e0, rope, context, image_context, attend, compute_dtype,
+                    attention_rows=None):
+            x = attention(block, x, e0, rope, context, image_context, attend, compute_dtype,
+                          attention_rows)
+            return feed_forward_phase(block, x, e0, compute_dtype)
+        _COMPILED_BLOCK_FORWARD = forward
     return _COMPILED_BLOCK_FORWARD
 
 

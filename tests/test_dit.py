@@ -8,8 +8,10 @@ import torch
 from wan_enhanced.conformance import run_dit
 from wan_enhanced.conformance.golden_file import read_golden
 from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig
-from wan_enhanced.wan.dit import WanDiT, group_timesteps, sinusoidal_embedding
-from wan_enhanced.wan.rope import rope_angles
+from wan_enhanced.wan.attention import get_backend
+from wan_enhanced.wan.dit import (WanDiT, compiled_block_forward, group_timesteps,
+                                   sinusoidal_embedding)
+from wan_enhanced.wan.rope import RotaryTable, rope_angles
 
 
 @pytest.mark.parametrize("name", ["dit_wan21", "dit_wan22_ti2v"])
@@ -234,3 +236,34 @@ def test_forward_leaves_its_inputs_alone():
         second = model(x, t, ctx)
     assert all(torch.equal(a, b) for a, b in zip((x, ctx, t), copies))
     assert torch.equal(first, second)
+
+
+def test_compiled_blocks_run_as_two_graphs_that_update_the_residual_in_place():
+    """compiled=True: every block goes through two compiled graphs (the attention phases, then
+    the FFN: one graph for the whole block held a float32 working copy of the residual through
+    the FFN), shared by the blocks; each block's residual x is updated in place, as in eager
+    mode, and the output is the eager one up to the fused kernels' rounding."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _tiny(in_dim=48, out_dim=48)
+    x = torch.randn(1, 48, 3, 8, 8)
+    ctx = torch.randn(1, 5, 4096)
+    with torch.no_grad():
+        eager = model(x, torch.tensor([500.0]), ctx)
+        compiled = model(x, torch.tensor([500.0]), ctx, compiled=True)
+        assert counters["stats"]["unique_graphs"] == 2  # two graphs, both blocks share them
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5 * eager.abs().max())
+
+        block = model.blocks[0]
+        tokens, grid = model.patchify(x)
+        _, e0 = model.embed_time(torch.tensor([500.0]), 1, grid)
+        rope = RotaryTable(grid, model.config.rope_pairs)
+        text = model.embed_text(ctx)
+        args = (e0, rope, text, None, get_backend("sdpa"), torch.float32, tokens.shape[1])
+        expected = block(tokens.clone(), *args)
+        residual = tokens.clone()
+        out = compiled_block_forward()(block, residual, *args)
+    assert out.data_ptr() == residual.data_ptr()
+    torch.testing.assert_close(residual, expected, rtol=1e-5, atol=1e-5 * expected.abs().max())

@@ -4,6 +4,7 @@ back. The checks are plain constants or device properties, so torch.compile trac
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import warnings
 
@@ -31,6 +32,17 @@ def fp8_unavailable(device: torch.device, subject: str) -> str | None:
         return (f"{subject} needs compute capability 8.9 or later (Ada, Hopper); {props.name} "
                 f"has {props.major}.{props.minor}")
     return None
+
+
+def import_gluon_kernel(module: str, package: str):
+    """The Gluon kernel module `module` (relative to `package`), or the reason it cannot be
+    imported (a str): no Triton, or a Triton without the Gluon API it is written against."""
+    if not TRITON:
+        return "it needs Triton, which is not installed"
+    try:
+        return importlib.import_module(module, package)
+    except Exception as exc:  # an older or newer Triton without this Gluon API
+        return f"this Triton has no Gluon for Hopper ({type(exc).__name__}: {exc})"
 
 
 def kernel_operator(qualified_name: str, fn, fake):

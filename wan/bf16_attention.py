@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from ..gpu_support import TRITON, warn_once, kernel_operator
+from ..gpu_support import import_gluon_kernel, kernel_operator, warn_once
 from .sdpa import sdpa_cudnn
 
 HEAD_DIM = 128
@@ -25,13 +25,7 @@ MIN_KEYS = 1024
 @functools.cache
 def _kernel_module():
     """bf16_attention_hopper, or the reason it cannot be imported (a str)."""
-    if not TRITON:
-        return "it needs Triton, which is not installed"
-    try:
-        from . import bf16_attention_hopper
-    except Exception as exc:  # a Triton without this Gluon API
-        return f"this Triton has no Gluon for Hopper ({type(exc).__name__}: {exc})"
-    return bf16_attention_hopper
+    return import_gluon_kernel(".bf16_attention_hopper", __package__)
 
 
 def bf16_hopper_unavailable(device: torch.device, head_dim: int | None = None,

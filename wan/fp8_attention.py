@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..gpu_support import TRITON, fp8_unavailable, kernel_operator, warn_once
+from ..gpu_support import (TRITON, fp8_unavailable, import_gluon_kernel, kernel_operator,
+                           warn_once)
+from .sdpa import sdpa
 
 FP8_MAX = 448.0
 K_BLOCK = 128
@@ -167,11 +169,7 @@ KERNELS = ("auto", "portable", "hopper")
 @functools.cache
 def _hopper_module():
     """fp8_attention_hopper, or the reason it cannot be imported (a str)."""
-    try:
-        from . import fp8_attention_hopper
-    except Exception as exc:  # an older or newer Triton without this Gluon API
-        return f"this Triton has no Gluon for Hopper ({type(exc).__name__}: {exc})"
-    return fp8_attention_hopper
+    return import_gluon_kernel(".fp8_attention_hopper", __package__)
 
 
 @functools.cache
@@ -279,7 +277,5 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     with the fp8 kernel for long key sequences (self-attention, also for a chunk of query rows),
     SDPA for short ones (text cross-attention). Callers check fp8_attention_unavailable first."""
     if k.shape[1] < MIN_KEYS:
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2))
-        return out.transpose(1, 2)
+        return sdpa(q, k, v)
     return FP8_SELF_ATTENTION(q, k, v)

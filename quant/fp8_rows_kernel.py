@@ -11,7 +11,22 @@ FP8_MAX = tl.constexpr(448.0)
 # amax times this (the rounding of 1 / 448 to float32), to be PyTorch's to the bit
 INV_FP8_MAX = tl.constexpr(0.002232142857142857)
 SMALLEST_SCALE = tl.constexpr(1.1754943508222875e-38)  # float32's smallest normal number
-SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+# -2 log2(e) sqrt(2 / pi), and the same times 0.044715: the GELU's exponent in base 2
+NEG_2_LOG2E_SQRT_2_OVER_PI = tl.constexpr(-2.302208198144325)
+NEG_2_LOG2E_SQRT_2_OVER_PI_CUBIC = tl.constexpr(-0.1029432395800235)
+
+
+@triton.jit
+def _gelu(x):
+    """tanh-GELU as x * sigmoid(2u) = x / (1 + 2^(-2u log2 e)), u = sqrt(2/pi) (x + 0.044715 x^3):
+    one exp2 and one reciprocal on the special function unit (the tanh form with an IEEE
+    division took four times the instructions and made the kernel compute-bound). Within a few
+    float32 ulps of the tanh form; exact at both ends (x / inf = -0, x / 1 = x)."""
+    t = x * (NEG_2_LOG2E_SQRT_2_OVER_PI + NEG_2_LOG2E_SQRT_2_OVER_PI_CUBIC * (x * x))
+    return tl.inline_asm_elementwise(
+        "{ .reg .f32 e; ex2.approx.ftz.f32 e, $1; add.ftz.f32 e, e, 0f3F800000; "
+        "rcp.approx.ftz.f32 e, e; mul.ftz.f32 $0, $2, e; }",
+        "=r,r,r", [t, x], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -24,17 +39,20 @@ def _part(x_ptr, bias_ptr, row, K, START: tl.constexpr, SIZE: tl.constexpr,
     if HAS_BIAS:
         x += tl.load(bias_ptr + cols, mask=inside, other=0.0).to(tl.float32)
     if GELU:
-        inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
-        # tanh(u) = 1 - 2 / (exp(2u) + 1), exact at both ends in float32
-        y = 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))
+        y = _gelu(x)
     else:
         y = x
     return y, cols, inside
 
 
 @triton.jit
-def _store(y, scale, codes_ptr, cols, inside):
-    codes = tl.clamp(tl.math.div_rn(y, scale), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
+def _store(y, scale, inverse, codes_ptr, cols, inside, GELU: tl.constexpr):
+    if GELU:
+        # y times the row's 1 / scale, the fp8 conversion saturating at +-448: the codes of the
+        # IEEE quotient but where it lies within a float32 ulp of an fp8 rounding edge
+        codes = (y * inverse).to(tl.float8e4nv)
+    else:  # the IEEE quotient and PyTorch's clamp: PyTorch's codes to the bit
+        codes = tl.clamp(tl.math.div_rn(y, scale), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
     tl.store(codes_ptr + cols, codes, mask=inside)
 
 
@@ -43,9 +61,9 @@ def fp8_rows_kernel(x_ptr, bias_ptr, codes_ptr, scales_ptr, K, HAS_BIAS: tl.cons
                     GELU: tl.constexpr, PART0: tl.constexpr, PART1: tl.constexpr,
                     PART2: tl.constexpr, PART3: tl.constexpr):
     """One program per row: the row (plus the bias) is read once, kept in registers for its
-    maximum and its codes (codes = y / scale, scale = max |y| / 448, y = gelu(x) or x; the
-    division of the codes rounded as IEEE's, so without the GELU the codes are PyTorch's to the
-    bit). The row is held as up to four parts of power-of-two widths (fp8_rows.row_parts), so a
+    maximum and its codes (codes = y / scale, scale = max |y| / 448, y = gelu(x) or x). Without
+    the GELU the division is rounded as IEEE's, so the codes are PyTorch's to the bit; with it,
+    y times 1 / scale (see _store). The row is held as up to four parts of power-of-two widths (fp8_rows.row_parts), so a
     width such as 8960 takes 8192 + 512 + 256 lanes, not 16384."""
     row = tl.program_id(0).to(tl.int64)
     y0, cols0, inside0 = _part(x_ptr, bias_ptr, row, K, 0, PART0, HAS_BIAS, GELU)
@@ -62,12 +80,13 @@ def fp8_rows_kernel(x_ptr, bias_ptr, codes_ptr, scales_ptr, K, HAS_BIAS: tl.cons
                                    HAS_BIAS, GELU)
         amax = tl.maximum(amax, tl.max(tl.abs(y3), axis=0))
     scale = tl.maximum(amax * INV_FP8_MAX, SMALLEST_SCALE)
+    inverse = tl.math.div_rn(1.0, scale)
     codes_ptr += row * K
-    _store(y0, scale, codes_ptr, cols0, inside0)
+    _store(y0, scale, inverse, codes_ptr, cols0, inside0, GELU)
     if PART1 > 0:
-        _store(y1, scale, codes_ptr, cols1, inside1)
+        _store(y1, scale, inverse, codes_ptr, cols1, inside1, GELU)
     if PART2 > 0:
-        _store(y2, scale, codes_ptr, cols2, inside2)
+        _store(y2, scale, inverse, codes_ptr, cols2, inside2, GELU)
     if PART3 > 0:
-        _store(y3, scale, codes_ptr, cols3, inside3)
+        _store(y3, scale, inverse, codes_ptr, cols3, inside3, GELU)
     tl.store(scales_ptr + row, scale)

@@ -4,8 +4,10 @@ per-token fp8 quantization in one pass.
 PyTorch runs it as three passes over the largest activation of a block (14336 wide at 5B):
 the GELU, then the row maximum, then the division and cast, and torch.compile's fused version
 still reads the row twice. The kernel reads each row once and writes its codes and scale. The
-codes are those of quant.rowwise.quantize_rows applied to the GELU computed in float32 (the
-PyTorch path rounds the GELU to bf16 first: a difference of bf16 rounding).
+codes are those of quant.rowwise.quantize_rows applied to the GELU computed in float32, but
+where the kernel's GELU and its product with 1 / scale (a few float32 ulps from the statement's)
+put a value on the other side of an fp8 rounding edge (the PyTorch path rounds the GELU to bf16
+first: a difference of bf16 rounding).
 """
 
 from __future__ import annotations

@@ -238,11 +238,11 @@ def test_forward_leaves_its_inputs_alone():
     assert torch.equal(first, second)
 
 
-def test_compiled_blocks_run_as_two_graphs_that_update_the_residual_in_place():
-    """compiled=True: every block goes through two compiled graphs (the attention phases, then
-    the FFN: one graph for the whole block held a float32 working copy of the residual through
-    the FFN), shared by the blocks; each block's residual x is updated in place, as in eager
-    mode, and the output is the eager one up to the fused kernels' rounding."""
+def test_compiled_blocks_run_as_three_graphs_that_update_the_residual_in_place():
+    """compiled=True: every block goes through three compiled graphs (self-attention,
+    cross-attention, FFN: a graph spanning two residual updates held a float32 working copy of
+    the residual between them), shared by the blocks; each block's residual x is updated in
+    place, as in eager mode, and the output is the eager one up to the fused kernels' rounding."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -253,7 +253,7 @@ def test_compiled_blocks_run_as_two_graphs_that_update_the_residual_in_place():
     with torch.no_grad():
         eager = model(x, torch.tensor([500.0]), ctx)
         compiled = model(x, torch.tensor([500.0]), ctx, compiled=True)
-        assert counters["stats"]["unique_graphs"] == 2  # two graphs, both blocks share them
+        assert counters["stats"]["unique_graphs"] == 3  # three graphs, both blocks share them
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5 * eager.abs().max())
 
         block = model.blocks[0]

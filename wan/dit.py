@@ -182,7 +182,8 @@ class WanBlock(nn.Module):
     def forward(self, x, e0, rope, context, image_context, attend, compute_dtype,
                 attention_rows: int | None = None):
         """x: float32 [B, L, D] residual stream, updated in place and returned; e0: float32
-        [B, G, 6, D] time projection. The attention phases, then the feed-forward phase.
+        [B, G, 6, D] time projection. Self-attention, cross-attention, then the feed-forward,
+        each a phase of its own.
 
         Each phase runs over row chunks (row_chunks, ffn_chunks) and adds its output to those
         rows of x at once. That is exact: a row's queries, norms and FFN depend on that row
@@ -190,8 +191,9 @@ class WanBlock(nn.Module):
         any row changes. attention_rows: the chunk size of the two attention phases (default
         ROW_CHUNK_TOKENS).
         """
-        x = self.attention_phases(x, e0, rope, context, image_context, attend, compute_dtype,
-                                  attention_rows)
+        x = self.self_attention_phase(x, e0, rope, attend, compute_dtype, attention_rows)
+        x = self.cross_attention_phase(x, context, image_context, attend, compute_dtype,
+                                       attention_rows)
         return self.feed_forward_phase(x, e0, compute_dtype)
 
     def _modulated(self, e0):
@@ -203,11 +205,11 @@ class WanBlock(nn.Module):
         return norm_modulate(x[:, start:end], group_rows(shift, start, end, length),
                              group_rows(scale, start, end, length), self.eps, compute_dtype)
 
-    def attention_phases(self, x, e0, rope, context, image_context, attend, compute_dtype,
-                         attention_rows: int | None = None):
-        """Self-attention and cross-attention added to x (in place; returned)."""
+    def self_attention_phase(self, x, e0, rope, attend, compute_dtype,
+                             attention_rows: int | None = None):
+        """Self-attention added to x (in place; returned)."""
         shift_sa, scale_sa, gate_sa = self._modulated(e0)[:3]
-        length, groups, eps = x.shape[1], e0.shape[1], self.eps
+        length, groups = x.shape[1], e0.shape[1]
 
         def rows(table, start, end):
             return group_rows(table, start, end, length)
@@ -233,12 +235,17 @@ class WanBlock(nn.Module):
                                        self_attend)
                 add_gated_(x[:, start:end], out, rows(gate_sa, start, end))
         del k, v, out
+        return x
 
+    def cross_attention_phase(self, x, context, image_context, attend, compute_dtype,
+                              attention_rows: int | None = None):
+        """Cross-attention to the text (and image) tokens added to x (in place; returned), over
+        the same row chunks as self-attention."""
         text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
-        for start, end in chunks:
+        for start, end in row_chunks(x.shape[1], 1, attention_rows):
             part = x[:, start:end]
             h = part.to(compute_dtype) if self.norm3 is None else norm_affine(
-                part, self.norm3, eps, compute_dtype)
+                part, self.norm3, self.eps, compute_dtype)
             add_gated_(part, self.cross_attn.attend_rows(h, text_kv, image_kv, attend), None)
         return x
 
@@ -485,26 +492,29 @@ _COMPILED_BLOCK_FORWARD = None
 
 
 def compiled_block_forward():
-    """WanBlock.forward with each of its two phases (attention_phases, feed_forward_phase)
-    through torch.compile, made once per process and shared by every block of every model: the
-    weights are graph inputs, so 30 or 40 blocks reuse the two compiled graphs. They fuse the
-    float32 norms, modulation, RoPE and gated residuals around the matrix and attention kernels
-    into a few Triton kernels (a forward's time drops by about a quarter on an H100). Two
-    graphs, not one: a compiled graph updates the residual stream out of place and writes it
-    back at its end, so one graph for the whole block held a float32 working copy of x through
-    the FFN; each phase's graph ends in the update itself. A new video shape compiles again
-    (tens of seconds, once); values differ from the eager blocks by rounding only, since the
-    fused kernels skip intermediate roundings."""
+    """WanBlock.forward with each of its three phases (self-attention, cross-attention,
+    feed-forward) through torch.compile, made once per process and shared by every block of every
+    model: the weights are graph inputs, so 30 or 40 blocks reuse the three compiled graphs. They
+    fuse the float32 norms, modulation, RoPE and gated residuals around the matrix and attention
+    kernels into a few Triton kernels (a forward's time drops by about a quarter on an H100).
+    A graph per phase, not one per block: a compiled graph updates the residual stream out of
+    place and writes it back at its end, so a graph spanning two residual updates holds a float32
+    working copy of x between them (one graph for the block held it through the FFN, one for
+    both attentions through cross-attention); each phase's graph ends in its update. A new video
+    shape compiles again (tens of seconds, once); values differ from the eager blocks by rounding
+    only, since the fused kernels skip intermediate roundings."""
     global _COMPILED_BLOCK_FORWARD
     if _COMPILED_BLOCK_FORWARD is None:
         _raise_recompile_limit(COMPILED_GRAPHS_KEPT)
-        attention = torch.compile(WanBlock.attention_phases, dynamic=False)
+        self_attention = torch.compile(WanBlock.self_attention_phase, dynamic=False)
+        cross_attention = torch.compile(WanBlock.cross_attention_phase, dynamic=False)
         feed_forward_phase = torch.compile(WanBlock.feed_forward_phase, dynamic=False)
 
         def forward(block, x, e0, rope, context, image_context, attend, compute_dtype,
                     attention_rows=None):
-            x = attention(block, x, e0, rope, context, image_context, attend, compute_dtype,
-                          attention_rows)
+            x = self_attention(block, x, e0, rope, attend, compute_dtype, attention_rows)
+            x = cross_attention(block, x, context, image_context, attend, compute_dtype,
+                                attention_rows)
             return feed_forward_phase(block, x, e0, compute_dtype)
         _COMPILED_BLOCK_FORWARD = forward
     return _COMPILED_BLOCK_FORWARD

@@ -181,11 +181,13 @@ class LoraFp8Linear(LoraLinear):
     def _from_codes(self, codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor,
                     with_bias: bool) -> torch.Tensor:
         base = self.base
+        bias = self.bias if with_bias else None  # added in the fp8 kernel's epilogue
         summed = self._summed_codes(codes.shape[0])
         if summed is not None:
-            out = fp8_codes_matmul(codes, scales, *summed, base.fast_accum)
-            return self._with_bias(out, x, with_bias)
-        out = fp8_codes_matmul(codes, scales, base.weight, base.weight_scale, base.fast_accum)
+            out = fp8_codes_matmul(codes, scales, *summed, base.fast_accum, bias)
+            return self._shaped(out, x)
+        out = fp8_codes_matmul(codes, scales, base.weight, base.weight_scale, base.fast_accum,
+                               bias)
         for adapter, tensors in self.active_terms(("low_rank", "weight_diff")):
             if adapter.kind == "low_rank":
                 down, up = tensors
@@ -193,7 +195,7 @@ class LoraFp8Linear(LoraLinear):
                 out = _add_product(out, inner, up.to(out.dtype).t(), adapter.scale)
             else:
                 out = out + _codes_times(codes, scales, tensors[0], base.fast_accum) * adapter.scale
-        return self._with_bias(out, x, with_bias)
+        return self._shaped(out, x)
 
     def _summed_codes(self, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """For an input of many rows, the layer's codes and scales with the low-rank terms
@@ -206,11 +208,7 @@ class LoraFp8Linear(LoraLinear):
         return fp8_sum(self.base.weight, self.base.weight_scale,
                        [(down, up, adapter.scale) for adapter, (down, up) in terms])
 
-    def _with_bias(self, out: torch.Tensor, x: torch.Tensor, with_bias: bool) -> torch.Tensor:
-        if with_bias:
-            bias = self.bias
-            if bias is not None:
-                out = out + bias.to(out.dtype)
+    def _shaped(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 

@@ -145,7 +145,7 @@ class Fp8Linear(QuantizedLinear):
         """The fp8 matmul itself (no device check: callers make sure the kernel exists)."""
         lead = x.shape[:-1]
         out = fp8_scaled_matmul(x.reshape(-1, self.in_features), self.weight,
-                                self.weight_scale, self.fast_accum)
+                                self.weight_scale, self.fast_accum, self.bias)
         return self._finish(out, x.dtype, lead)
 
     def runs_fp8_matmul(self, device: torch.device) -> bool:
@@ -165,7 +165,7 @@ class Fp8Linear(QuantizedLinear):
             lead = x.shape[:-1]
             codes, scales = self.gelu_codes(x, bias)
             out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale,
-                                   self.fast_accum)
+                                   self.fast_accum, self.bias)
             return self._finish(out, x.dtype, lead)
         if bias is not None:
             x = x + bias.to(x.dtype)
@@ -181,8 +181,7 @@ class Fp8Linear(QuantizedLinear):
         return gelu_quantize(x.reshape(-1, self.in_features), bias)
 
     def _finish(self, out: torch.Tensor, dtype: torch.dtype, lead) -> torch.Tensor:
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
+        """The matmul's bf16 output (its bias added in the kernel) in x's dtype and shape."""
         return out.to(dtype).view(*lead, self.out_features)
 
     def extra_repr(self) -> str:

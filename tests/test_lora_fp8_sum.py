@@ -115,7 +115,7 @@ def test_many_rows_on_fp8_matmuls_multiply_the_summed_codes(monkeypatch):
     out = layer(x)
     codes, scales = quantize_rows(x, FP8)
     summed = fp8_sum(base.weight, base.weight_scale, terms)
-    direct = (fp8_codes_matmul(codes, scales, *summed) + base.bias).to(torch.bfloat16)
+    direct = fp8_codes_matmul(codes, scales, *summed, bias=base.bias).to(torch.bfloat16)
     assert torch.equal(out, direct)
     assert torch.equal(base.weight.view(torch.uint8), stored.view(torch.uint8))
     exact = (x.double() @ base.dequantized_weight(torch.float64).t() + base.bias.double())

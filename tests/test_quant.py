@@ -270,8 +270,8 @@ def test_fp8_scaled_matmul_equals_its_reference(monkeypatch):
     codes, scales = quantize_rows(x.reshape(-1, 96), FP8)
     ref = ((codes.double() * scales.double()) @ quantized.dequantized_weight().double().t()
            + quantized.bias.double()).view(3, 5, 80)
-    # bf16 out of the kernel, then the bias added in bf16: two roundings
-    assert ((out.double() - ref).abs() <= 2 * BF16_ULP * ref.abs() + 1e-3).all()
+    # the bias added in the kernel, before its one rounding to bf16
+    assert ((out.double() - ref).abs() <= BF16_ULP * ref.abs() + 1e-3).all()
     assert relative(out, quantized.dequantized_forward(x)) < 0.05  # activations in fp8 too
 
 

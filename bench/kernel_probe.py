@@ -5,7 +5,7 @@ waited for.
     python bench/kernel_probe.py [--config 64 128 4 3 ...] [--hopper | --hopper-bf16]
                                  [--sass FILE]
 
-Needs Triton (its bundled ptxas and cuobjdump), not a GPU. Per configuration (BLOCK_M BLOCK_N
+Needs Triton (the ptxas it compiles with, its bundled cuobjdump), not a GPU. Per configuration (BLOCK_M BLOCK_N
 num_warps num_stages) it prints the registers per thread, the spill stores and loads in the
 SASS, the number of wgmma instructions, and the pending count of every `wgmma.wait_group` in
 the PTX: all zeros means every product is waited for right after it is issued, so within one
@@ -100,17 +100,28 @@ def compile_bf16_hopper_for_sm90():
                                    ("H", "score_scale"))
 
 
+def triton_ptxas() -> str:
+    """The ptxas Triton compiles with: its bundled one unless TRITON_PTXAS_PATH names another
+    (torch's inductor sets it to the CUDA toolkit's ptxas that ships with torch, once it has
+    compiled anything in the process). Triton writes its PTX for that ptxas's version, which an
+    older ptxas refuses."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(90).path
+
+
 def serialized(kernel) -> bool:
     """Whether ptxas serializes the kernel's tensor-core products (its C7514 advice)."""
-    import triton
-
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    ptxas = triton_ptxas()
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "kernel.ptx"
         ptx.write_text(kernel.asm["ptx"])
-        advice = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", str(ptx), "-o",
+        advice = subprocess.run([ptxas, "--gpu-name", "sm_90a", str(ptx), "-o",
                                  str(Path(tmp) / "kernel.cubin")],
-                                capture_output=True, text=True, check=True)
+                                capture_output=True, text=True)
+    if advice.returncode != 0:
+        raise RuntimeError(f"kernel_probe: {ptxas} could not assemble the kernel's PTX "
+                           f"(exit {advice.returncode}): {advice.stderr.strip()[-2000:]}")
     return "wgmma.mma_async instructions are serialized" in advice.stdout + advice.stderr
 
 

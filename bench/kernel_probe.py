@@ -5,8 +5,8 @@ waited for.
     python bench/kernel_probe.py [--config 64 128 4 3 ...] [--hopper | --hopper-bf16]
                                  [--sass FILE]
 
-Needs Triton (the ptxas it compiles with, its bundled cuobjdump), not a GPU. Per configuration (BLOCK_M BLOCK_N
-num_warps num_stages) it prints the registers per thread, the spill stores and loads in the
+Needs Triton (the ptxas and cuobjdump it is set to use), not a GPU. Per configuration (BLOCK_M
+BLOCK_N num_warps num_stages) it prints the registers per thread, the spill stores and loads in the
 SASS, the number of wgmma instructions, and the pending count of every `wgmma.wait_group` in
 the PTX: all zeros means every product is waited for right after it is issued, so within one
 warp group the softmax never overlaps the tensor cores. --hopper probes the Hopper kernel
@@ -110,6 +110,13 @@ def triton_ptxas() -> str:
     return get_ptxas(90).path
 
 
+def triton_cuobjdump() -> str:
+    """The cuobjdump Triton is set to use (TRITON_CUOBJDUMP_PATH, else its bundled one)."""
+    from triton import knobs
+
+    return knobs.nvidia.cuobjdump.path
+
+
 def serialized(kernel) -> bool:
     """Whether ptxas serializes the kernel's tensor-core products (its C7514 advice)."""
     ptxas = triton_ptxas()
@@ -126,15 +133,13 @@ def serialized(kernel) -> bool:
 
 
 def report(kernel) -> tuple[dict, str]:
-    import triton
-
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    cuobjdump = triton_cuobjdump()
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
         cubin.flush()
-        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", cubin.name],
+        usage = subprocess.run([cuobjdump, "-res-usage", cubin.name],
                                capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", cubin.name],
+        sass = subprocess.run([cuobjdump, "-sass", cubin.name],
                               capture_output=True, text=True, check=True).stdout
     ptx = kernel.asm["ptx"]
     registers = re.search(r"REG:(\d+)", usage)

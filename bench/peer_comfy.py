@@ -29,7 +29,8 @@ Accuracy: a float32 forward of the same weights (our model in float32; for dit_1
 matmuls, which are some hundred times finer than bf16 and keep it to minutes) is the reference;
 each side's output is compared with it: max |out - ref| / max |ref| and ||out - ref|| / ||ref||.
 
---profile: a kernel table of one forward per side and mode (torch.profiler), per block.
+--profile: a kernel table of one forward per side and mode (torch.profiler), per block, and where
+the GPU stood idle in another (bench/gpu_timeline.py: the longest gaps and what caused them).
 --quick: tiny models on the CPU (or GPU) to check the script; times mean nothing there.
 Rows go to DIR/peer_comfy.json and DIR/peer_comfy.md after every case; a later run into the same
 folder replaces the rows of the cases and modes it runs and keeps the others.
@@ -49,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from wan_enhanced.bench import gpu_timeline as timeline
 from wan_enhanced.bench import harness as peer
 
 from wan_enhanced.atomic_files import write_atomically
@@ -170,6 +172,23 @@ def kernel_table(fn, layers: int, top: int = 14) -> str:
     return "\n".join(lines)
 
 
+def idle_table(fn) -> str:
+    """Where the GPU stood idle during one call of fn (bench/gpu_timeline.py), from a profile of
+    host and device activity (its own call: recording host operations slows the host a little)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    marker = "peer_comfy_call"
+    with torch.inference_mode(), profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function(marker):
+            fn()
+        torch.cuda.synchronize()
+    return timeline.describe(timeline.idle_of_profile(prof, marker))
+
+
+def profiled(fn, layers: int) -> str:
+    return kernel_table(fn, layers) + "\n\n" + idle_table(fn)
+
+
 # -- one case ----------------------------------------------------------------------------------
 
 def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
@@ -197,7 +216,7 @@ def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
             results[("ours", mode)] = (run, peer.distance(out, reference))
             print(f"  ours {mode}: {run.median_ms} ms", flush=True)
             if args.profile and device.type == "cuda":
-                profiles.append(f"### ours {mode}\n" + kernel_table(fn, config.num_layers))
+                profiles.append(f"### ours {mode}\n" + profiled(fn, config.num_layers))
         del model
         torch._dynamo.reset()
         peer.free_memory()
@@ -218,7 +237,7 @@ def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
             results[("comfy", mode)] = (run, peer.distance(out, reference))
             print(f"  comfy {mode}: {run.median_ms} ms", flush=True)
             if args.profile and device.type == "cuda":
-                profiles.append(f"### ComfyUI {mode}\n" + kernel_table(fn, config.num_layers))
+                profiles.append(f"### ComfyUI {mode}\n" + profiled(fn, config.num_layers))
             del model
             torch._dynamo.reset()
             peer.free_memory()

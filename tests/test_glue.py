@@ -153,3 +153,62 @@ def test_a_row_is_held_as_few_power_of_two_parts():
         assert sum(used) >= width
         if width > GRANULE:
             assert sum(used) - width < max(GRANULE, used[-1])
+
+
+def test_the_fused_ffn_product_is_only_offered_where_cublaslt_computes_it():
+    layer, gelu = torch.nn.Linear(8, 16).bfloat16(), torch.nn.GELU(approximate="tanh")
+    h = torch.randn(3, 8).bfloat16()
+    assert not glue.linear_gelu_fusable(layer, gelu, h)  # the CPU
+    if torch.cuda.is_available():
+        cuda_layer, cuda_h = layer.cuda(), h.cuda()
+        assert glue.linear_gelu_fusable(cuda_layer, gelu, cuda_h)
+        assert not glue.linear_gelu_fusable(cuda_layer, torch.nn.GELU(), cuda_h)  # exact GELU
+        assert not glue.linear_gelu_fusable(cuda_layer, gelu, cuda_h.float())
+        no_bias = torch.nn.Linear(8, 16, bias=False).bfloat16().cuda()
+        assert not glue.linear_gelu_fusable(no_bias, gelu, cuda_h)
+
+
+@pytest.mark.gpu
+def test_the_ffn_product_with_its_gelu_in_the_epilogue_is_closer_to_float32():
+    """linear_gelu (one cuBLASLt product, the GELU applied before the rounding) against the
+    product, its rounding and then the GELU; both against float32, at a 5B FFN width."""
+    _cuda_or_skip()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3072, 14336).cuda().bfloat16()
+    h = torch.randn(2, 300, 3072, device="cuda").bfloat16()
+    gelu = torch.nn.GELU(approximate="tanh")
+    assert glue.linear_gelu_fusable(layer, gelu, h)
+    fused = glue.linear_gelu(layer, h)
+    unfused = gelu(layer(h))
+    exact = torch.nn.functional.gelu(torch.nn.functional.linear(
+        h.float(), layer.weight.float(), layer.bias.float()), approximate="tanh")
+    assert fused.shape == unfused.shape == (2, 300, 14336) and fused.dtype == torch.bfloat16
+    assert _rel(fused, exact) < 3e-3
+    assert _rel(fused, exact) <= _rel(unfused, exact)
+    compiled = torch.compile(glue.linear_gelu)(layer, h)
+    torch.testing.assert_close(compiled, fused, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_compiled_rms_norm_and_rotation_run_the_kernel_as_one_operator():
+    """Inside a compiled graph the norm and rotation of q or k are the kernel's operator, with
+    the eager kernel's output to the bit (torch.compile had written one of the two in float32
+    and rounded it in a second pass)."""
+    _cuda_or_skip()
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    rope = RotaryTable((3, 6, 8), (22, 21, 21), device="cuda")
+    q = torch.randn(1, 144, 3072, device="cuda").bfloat16()
+    k = torch.randn(1, 144, 3072, device="cuda").bfloat16()
+    weight = torch.rand(3072, device="cuda") + 0.5
+
+    def both(q, k):
+        return (glue.rms_norm_heads(q, weight, 1e-6, 24, rope),
+                glue.rms_norm_heads(k, weight * 2, 1e-6, 24, rope))
+    backend = CompileCounterWithBackend("inductor")
+    got = torch.compile(both, backend=backend)(q, k)
+    ops = [n for n in backend.graphs[0].graph.nodes
+           if "wan_enhanced_glue.rms_norm_rope" in str(n.target)]
+    assert len(ops) == 2
+    for out, expected in zip(got, both(q, k)):
+        assert out.dtype == torch.bfloat16 and torch.equal(out, expected)

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from .attention import get_backend
 from .configs import DiTConfig
-from .glue import add_gated_, layer_norm, modulate, norm_affine, norm_modulate, rms_norm_heads
+from .glue import (add_gated_, layer_norm, linear_gelu, linear_gelu_fusable, modulate, norm_affine,
+                   norm_modulate, rms_norm_heads)
 from .rope import RotaryTable
 
 
@@ -276,10 +277,13 @@ class WanBlock(nn.Module):
 def feed_forward(ffn: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
     """Linear, tanh-GELU, linear. A second layer that can take the GELU into its input step
     (fp8 matmuls: quant/linear.py gelu_forward) does, and then takes the first layer's bias
-    too when the first one runs an fp8 matmul."""
+    too when the first one runs an fp8 matmul; otherwise a plain 16-bit first layer on a GPU
+    takes the GELU into its product's epilogue (glue.linear_gelu)."""
     first, act, second = ffn
     gelu_forward = getattr(second, "gelu_forward", None)
     if gelu_forward is None:
+        if linear_gelu_fusable(first, act, h):
+            return second(linear_gelu(first, h))
         return second(act(first(h)))
     fp8_first = getattr(first, "runs_fp8_matmul", None)
     if fp8_first is not None and fp8_first(h.device):

@@ -73,21 +73,23 @@ def rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, W, HALF_HEAD, 
                          ROTATE: tl.constexpr, BLOCK_P: tl.constexpr):
     """RMS norm over a row's whole width W (all heads), times the gain, then (ROTATE) each
     channel pair (2i, 2i+1) rotated by the token's angle for pair i mod HALF_HEAD. float32
-    arithmetic, rounded once to out's dtype. Rows of x [B*L, W] contiguous."""
+    arithmetic, rounded once to out's dtype. Rows of x [B*L, W] contiguous.
+
+    The row is loaded and stored whole (contiguous, so in 16-byte vectors) and split into its
+    even and odd channels in registers: loads of every second channel were not vectorized."""
     row = tl.program_id(0)
-    pairs = tl.arange(0, BLOCK_P)
-    inside = pairs < W // 2
+    cols = tl.arange(0, 2 * BLOCK_P)
+    inside = cols < W
     base = row.to(tl.int64) * W
-    even = tl.load(x_ptr + base + 2 * pairs, mask=inside, other=0.0).to(tl.float32)
-    odd = tl.load(x_ptr + base + 2 * pairs + 1, mask=inside, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt((tl.sum(even * even, axis=0) + tl.sum(odd * odd, axis=0)) / W + eps)
-    even = even * rstd * tl.load(w_ptr + 2 * pairs, mask=inside, other=0.0)
-    odd = odd * rstd * tl.load(w_ptr + 2 * pairs + 1, mask=inside, other=0.0)
+    x = tl.load(x_ptr + base + cols, mask=inside, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / W + eps)
+    y = x * rstd * tl.load(w_ptr + cols, mask=inside, other=0.0)
     if ROTATE:
+        even, odd = tl.split(tl.reshape(y, [BLOCK_P, 2]))
+        pairs = tl.arange(0, BLOCK_P)
         token = (row % rows_per_sample + rope_start).to(tl.int64)
         angle = token * HALF_HEAD + pairs % HALF_HEAD
-        c = tl.load(cos_ptr + angle, mask=inside, other=1.0)
-        s = tl.load(sin_ptr + angle, mask=inside, other=0.0)
-        even, odd = even * c - odd * s, even * s + odd * c
-    tl.store(out_ptr + base + 2 * pairs, even.to(out_ptr.dtype.element_ty), mask=inside)
-    tl.store(out_ptr + base + 2 * pairs + 1, odd.to(out_ptr.dtype.element_ty), mask=inside)
+        c = tl.load(cos_ptr + angle, mask=pairs < W // 2, other=1.0)
+        s = tl.load(sin_ptr + angle, mask=pairs < W // 2, other=0.0)
+        y = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), [2 * BLOCK_P])
+    tl.store(out_ptr + base + cols, y.to(out_ptr.dtype.element_ty), mask=inside)

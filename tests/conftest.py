@@ -98,3 +98,31 @@ def all_kinds_models(tmp_path_factory) -> Path:
     """A tiny models folder with every kind (tiny_sets.NAMES), written once."""
     from tiny_sets import write_all_kinds
     return write_all_kinds(tmp_path_factory.mktemp("all_kinds_models"))
+
+
+# -- SIGINT as an interactive run or a background job gets it ------------------------------------
+
+def _sigint_for_the_test(handler):
+    import signal
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
+def interactive_sigint():
+    """SIGINT as a process started from a terminal has it (Python's KeyboardInterrupt handler),
+    whatever pytest started with: `pytest &` in a script starts with SIGINT ignored."""
+    import signal
+    yield from _sigint_for_the_test(signal.default_int_handler)
+
+
+@pytest.fixture
+def ignored_sigint():
+    """SIGINT as a background job starts with it (`cmd &` in a non-interactive shell): ignored."""
+    import signal
+    yield from _sigint_for_the_test(signal.SIG_IGN)
+

@@ -372,7 +372,10 @@ def test_two_ctrl_c_microseconds_apart_still_interrupt_the_server(tmp_path):
     /interrupt must still be sent, and the command exits 1."""
     workflow = tmp_path / "wf.json"
     workflow.write_text(json.dumps(WORKFLOW))
-    command = [sys.executable, "-c", "import sys; from wan_enhanced.runner.cli import main; "
+    # SIGINT as a terminal's, also where the tests run as a background job (SIGINT ignored)
+    command = [sys.executable, "-c", "import signal, sys; "
+               "signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "from wan_enhanced.runner.cli import main; "
                "sys.exit(main(sys.argv[1:]))", "run", str(workflow), "--out",
                str(tmp_path / "out"), "--quiet"]
     with FakeComfyUI("interrupt") as server:

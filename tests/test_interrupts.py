@@ -82,6 +82,8 @@ def test_decoder_stops_between_decoded_frames(headless, monkeypatch):
 
 STUCK_NODE = textwrap.dedent("""
     import ctypes, json, signal, sys
+    # SIGINT as a terminal's, also where the tests run as a background job (SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import wan_enhanced
     from wan_enhanced.runner import cli
 

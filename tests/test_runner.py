@@ -797,7 +797,8 @@ def test_sweep_with_an_invalid_value_runs_nothing(tmp_path, registry_installed, 
     assert record.calls == [] and not (tmp_path / "r.jsonl").exists()
 
 
-def test_ctrl_c_stops_the_run_and_records_it(tmp_path, registry_installed, capsys):
+def test_ctrl_c_stops_the_run_and_records_it(tmp_path, registry_installed, interactive_sigint,
+                                            capsys):
     import os
     import signal
     workflow = {"1": node("MakeTensor", size=2), "2": node("Slow", tensor=["1", 0], steps=2000),

@@ -122,7 +122,7 @@ def test_server_lists_and_scopes():
     assert job_scope("o", "http://a:1") != job_scope("o", "http://a:1,http://b:2")
 
 
-def test_ctrl_c_interrupts_every_server(sweep_files, capsys):
+def test_ctrl_c_interrupts_every_server(sweep_files, interactive_sigint, capsys):
     import os
     import signal
     import threading

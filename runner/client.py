@@ -13,14 +13,13 @@ output are reported with the server's messages, like a refused prompt or a node 
 Ctrl-C removes the prompt from the queue and interrupts it on the server (POST /queue, POST
 /interrupt). The prompt id is chosen here, so this works from the moment the prompt is posted;
 while a run is followed, only the first Ctrl-C raises: any further one, however soon after, is
-counted and cannot cut the cancel requests short.
+counted and cannot cut the cancel requests short. A process that started with SIGINT ignored (a
+background job) keeps ignoring it (see ctrl_c).
 """
 
 from __future__ import annotations
 
 import json
-import signal
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..safe_paths import UnsafePathError, name_problem, path_inside
+from .ctrl_c import CtrlC
 from .executor import EventCallback, RunEvent, ui_file_entries
 from .workflow import Issue, node_title
 
@@ -336,33 +336,20 @@ class Client:
         return ws, message
 
 
-class _FirstCtrlCOnly:
-    """While a prompt is followed (main thread only): the first SIGINT raises
-    KeyboardInterrupt, as Python's own handler does; later ones are counted and ignored, so two
-    signals a few microseconds apart cannot interrupt the cancel requests the first one
-    started. The previous handler is back afterwards."""
+class _FirstCtrlCOnly(CtrlC):
+    """While a prompt is followed (main thread only, and not where SIGINT is ignored: ctrl_c's
+    rule): the first SIGINT raises KeyboardInterrupt, as Python's own handler does; later ones
+    are counted and ignored, so two signals a few microseconds apart cannot interrupt the cancel
+    requests the first one started. The previous handler is back afterwards."""
 
     def __init__(self):
-        self.count, self.installed, self.previous = 0, False, None
+        super().__init__(self._handle)
+        self.count = 0
 
     def _handle(self, signum, frame) -> None:
         self.count += 1
         if self.count == 1:
             raise KeyboardInterrupt
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            try:
-                self.previous = signal.signal(signal.SIGINT, self._handle)
-                self.installed = True
-            except ValueError:  # not the main interpreter
-                pass
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.installed:
-            signal.signal(signal.SIGINT, self.previous if self.previous is not None
-                          else signal.default_int_handler)
 
 
 class _Tracker:

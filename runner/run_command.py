@@ -25,6 +25,7 @@ from typing import Mapping, TextIO
 
 from .. import host
 from .client import (Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError)
+from .ctrl_c import CtrlC
 from .executor import RunError, RunEvent, RunInterrupted, check_supported, execute
 from .server_pool import run_on_servers, server_urls
 from .overrides import OverrideError, apply_overrides
@@ -292,7 +293,8 @@ class _StopRequest:
     interrupt flag at once; after the second, the main thread gets STOP_GRACE_S seconds to stop
     and clean up (its handler raises KeyboardInterrupt as soon as it runs), then the process
     exits with code 1 regardless; hidden .partial files such an exit may leave are cleaned up by
-    the next run (atomic_files.remove_stale_partials)."""
+    the next run (atomic_files.remove_stale_partials). A run that started with SIGINT ignored (a
+    background job) keeps ignoring it (ctrl_c)."""
 
     def __init__(self):
         self.requested = False
@@ -331,18 +333,18 @@ def _say(text: str) -> None:
         pass
 
 
-class _SignalHandler:
+class _SignalHandler(CtrlC):
     """SIGINT to `handler` in the main thread, and to `watch(n)` for the n-th one in a daemon
-    thread the moment it arrives."""
+    thread the moment it arrives; neither where SIGINT is ignored (ctrl_c's rule)."""
 
     def __init__(self, handler, watch):
-        self.handler, self.watch = handler, watch
-        self.previous = self.previous_fd = self.sockets = None
+        super().__init__(handler)
+        self.watch = watch
+        self.previous_fd = self.sockets = None
 
     def __enter__(self):
-        if threading.current_thread() is not threading.main_thread():
+        if not super().__enter__().taken:
             return self
-        self.previous = signal.signal(signal.SIGINT, self.handler)
         try:
             self.sockets = socket.socketpair()
             for end in self.sockets:
@@ -376,8 +378,8 @@ class _SignalHandler:
             signal.set_wakeup_fd(self.previous_fd if self.previous_fd is not None else -1)
             for end in self.sockets:
                 end.close()
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+            self.sockets = None
+        super().__exit__(*exc)
         host.clear_interrupt()
 
 

@@ -10,13 +10,15 @@ with the same or another set of servers skips what any of them finished.
 A server that stops answering is dropped: its job goes back to the others (at most once per
 server), and the run goes on while one server is left. A workflow a server rejects stops the
 run (exit 2). Ctrl-C stops dispatching, asks every server to interrupt its prompt, records those
-jobs as interrupted and ends with exit 1.
+jobs as interrupted and ends with exit 1; a process that started with SIGINT ignored (a
+background job) keeps ignoring it (see ctrl_c).
 """
 
 from __future__ import annotations
 
 import queue
 import re
+import signal
 import sys
 import threading
 import time
@@ -24,6 +26,7 @@ import urllib.parse
 from pathlib import Path
 
 from .client import Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError
+from .ctrl_c import CtrlC
 from .sweep import ResultsLog, SweepJob, result_record
 
 OK, FAILED, INVALID = 0, 1, 2
@@ -157,16 +160,17 @@ def run_on_servers(clients: list[Client], jobs: list[SweepJob], total: int, out:
                for i, client in enumerate(clients)]
     for thread in threads:
         thread.start()
-    try:
-        while any(thread.is_alive() for thread in threads):
+    with CtrlC(signal.default_int_handler):  # Ctrl-C raises here, unless SIGINT is ignored
+        try:
+            while any(thread.is_alive() for thread in threads):
+                for thread in threads:
+                    thread.join(timeout=0.2)
+        except KeyboardInterrupt:
+            pool.say("interrupted: asking every server to stop its prompt")
+            pool.interrupt_all()
             for thread in threads:
-                thread.join(timeout=0.2)
-    except KeyboardInterrupt:
-        pool.say("interrupted: asking every server to stop its prompt")
-        pool.interrupt_all()
-        for thread in threads:
-            thread.join(timeout=30)
-        return FAILED
+                thread.join(timeout=30)
+            return FAILED
     if pool.remaining and pool.status == OK:
         pool.say(f"{pool.remaining} job(s) did not run: no server was left")
         return FAILED

@@ -270,6 +270,22 @@ class FakeComfyUI:
 
 # -- tests -------------------------------------------------------------------------------------
 
+class CtrlCComfyUI(FakeComfyUI):
+    """Successful runs; Ctrl-C is pressed (a SIGINT to this process, the client's) as the first
+    prompt starts."""
+
+    def __init__(self):
+        super().__init__("success")
+        self.pressed = threading.Event()
+
+    def play(self, client_id: str, prompt_id: str) -> None:
+        if not self.pressed.is_set():
+            self.pressed.set()
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+        super().play(client_id, prompt_id)
+
+
 def test_run_waits_for_completion_and_downloads_every_output(tmp_path):
     events = []
     with FakeComfyUI("success") as server:
@@ -364,6 +380,32 @@ def test_a_run_without_any_output_is_a_failure(tmp_path, capsys):
     assert code == 1 and "produced an output" in capsys.readouterr().err
     (line,) = [json.loads(text) for text in results.read_text().splitlines()]
     assert line["status"] == "error" and line["prompt_id"]
+
+
+@pytest.mark.parametrize("sigint, code, status", [
+    ("interactive_sigint", 1, "interrupted"),
+    ("ignored_sigint", 0, "success"),
+])
+def test_ctrl_c_interrupts_a_server_run_unless_sigint_was_ignored_at_start(
+        sigint, code, status, tmp_path, request, capsys):
+    """A run started with SIGINT ignored (`wan-enhanced run --server ... &` in a script) is a
+    background job: Ctrl-C in the terminal is not meant for it, and its prompt runs to its end."""
+    request.getfixturevalue(sigint)
+    handler = signal.getsignal(signal.SIGINT)
+    workflow = tmp_path / "wf.json"
+    workflow.write_text(json.dumps(WORKFLOW))
+    results = tmp_path / "results.jsonl"
+    with CtrlCComfyUI() as server:
+        got = cli.main(["run", str(workflow), "--server", server.url, "--out",
+                        str(tmp_path / "out"), "--results", str(results), "--quiet"])
+        prompt_id = server.posted("/prompt")[0]["prompt_id"]
+        interrupts = server.posted("/interrupt")
+    assert got == code, capsys.readouterr().err
+    (line,) = [json.loads(text) for text in results.read_text().splitlines()]
+    assert line["status"] == status and line["prompt_id"] == prompt_id
+    assert interrupts == ([{"prompt_id": prompt_id}] if status == "interrupted" else [])
+    assert (tmp_path / "out" / "wan" / "clip_00001.mp4").exists() == (status == "success")
+    assert signal.getsignal(signal.SIGINT) == handler  # put back, or never replaced
 
 
 def test_two_ctrl_c_microseconds_apart_still_interrupt_the_server(tmp_path):

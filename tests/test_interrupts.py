@@ -1,10 +1,12 @@
 """Interrupts reach inside a step: the sampler checks between the transformer blocks of a
 forward (the first Ctrl-C no longer waits for a whole step), the decoder between decoded frames;
 and a second Ctrl-C stops the command at once with its documented exit code, even while the main
-thread is held by one long operation."""
+thread is held by one long operation; a run started with SIGINT ignored (a background job) runs
+on."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -132,3 +134,60 @@ def test_two_ctrl_c_exit_with_the_documented_code_while_an_operation_holds(tmp_p
     assert code == FAILED, err  # an exit code, not death by signal (-2)
     assert time.monotonic() - started < 20  # not the 60 s the operation would take
     assert "stopping at the next check" in err and "stopping now" in err
+
+
+WAITING_NODE = textwrap.dedent("""
+    import json, signal, sys
+    import wan_enhanced
+    from wan_enhanced import host
+    from wan_enhanced.runner import cli
+
+    class Waits:
+        '''Runs until the test writes a line to stdin, then stops if asked to.'''
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {}}
+        RETURN_TYPES = ()
+        FUNCTION = "run"
+        OUTPUT_NODE = True
+
+        def run(self):
+            print("ready", signal.getsignal(signal.SIGINT) == signal.SIG_IGN, flush=True)
+            sys.stdin.readline()
+            host.check_interrupt()
+            return {}
+
+    wan_enhanced.NODE_CLASS_MAPPINGS["Waits"] = Waits
+    path = sys.argv[1]
+    open(path, "w").write(json.dumps({"1": {"class_type": "Waits", "inputs": {}}}))
+    sys.exit(cli.main(["run", path, "--out", sys.argv[2], "--results", sys.argv[3]]))
+""")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+def test_ctrl_c_does_not_stop_a_run_started_with_sigint_ignored(tmp_path):
+    """`wan-enhanced run ... &` in a script: the shell starts the job with SIGINT ignored, so
+    the terminal's Ctrl-C is not for it; two of them (the second would stop a run at once) leave
+    the run to finish and record its success."""
+    script = tmp_path / "waits.py"
+    script.write_text(WAITING_NODE)
+    results = tmp_path / "r.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh",  # as `cmd &` starts it
+               sys.executable, str(script), str(tmp_path / "w.json"), str(tmp_path / "out"),
+               str(results)]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout.readline().split() == ["ready", "True"]  # started ignoring it
+        for _ in range(2):
+            process.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+        _, err = process.communicate("go\n", timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    (line,) = [json.loads(text) for text in results.read_text().splitlines()]
+    assert line["status"] == "success"
+    assert "stopping" not in err and "interrupted" not in err

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -224,6 +226,25 @@ class Stopper(FakeNode):
         return (tensor,)
 
 
+class PressCtrlC(FakeNode):
+    """Presses Ctrl-C (a SIGINT to this process, as the terminal sends it), then goes on unless
+    asked to stop."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"tensor": ("TENSOR",)}}
+
+    RETURN_TYPES = ("TENSOR",)
+    FUNCTION = "press"
+
+    def press(self, tensor):
+        self.record.calls.append("PressCtrlC")
+        os.kill(os.getpid(), signal.SIGINT)
+        threading.Event().wait(0.2)  # the signal's handlers, if any, run meanwhile
+        host.check_interrupt()
+        return (tensor,)
+
+
 class FileChoice(FakeNode):
     """A combo whose value VALIDATE_INPUTS checks instead (headless jobs name any file)."""
 
@@ -257,7 +278,7 @@ class WhoAmI(FakeNode):
 
 REGISTRY = {cls.__name__: cls for cls in (MakeTensor, Scale, SumTensor, AssertFreed, AddInts,
                                            TextEncode, Sampler, SaveValue, Fails, Slow, Stopper,
-                                           FileChoice, WhoAmI)}
+                                           PressCtrlC, FileChoice, WhoAmI)}
 
 
 @pytest.fixture(autouse=True)
@@ -799,8 +820,6 @@ def test_sweep_with_an_invalid_value_runs_nothing(tmp_path, registry_installed, 
 
 def test_ctrl_c_stops_the_run_and_records_it(tmp_path, registry_installed, interactive_sigint,
                                             capsys):
-    import os
-    import signal
     workflow = {"1": node("MakeTensor", size=2), "2": node("Slow", tensor=["1", 0], steps=2000),
                 "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
     path = write(tmp_path / "wf.json", workflow)
@@ -816,6 +835,28 @@ def test_ctrl_c_stops_the_run_and_records_it(tmp_path, registry_installed, inter
     assert "interrupted: node 2 (Slow): interrupted" in capsys.readouterr().err
     assert json.loads(results.read_text())["status"] == "interrupted"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("sigint, code, statuses", [
+    ("interactive_sigint", 1, ["interrupted"]),  # and the second job does not start
+    ("ignored_sigint", 0, ["success", "success"]),
+])
+def test_ctrl_c_stops_a_run_unless_sigint_was_ignored_at_start(
+        sigint, code, statuses, tmp_path, registry_installed, record, request, capsys):
+    """A run started with SIGINT ignored (`wan-enhanced run ... &` in a script) is a background
+    job: Ctrl-C in the terminal is not meant for it, and it runs to its end."""
+    request.getfixturevalue(sigint)
+    handler = signal.getsignal(signal.SIGINT)
+    workflow = {"1": node("MakeTensor", size=2), "2": node("PressCtrlC", tensor=["1", 0]),
+                "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
+    path = write(tmp_path / "wf.json", workflow)
+    sweep = write(tmp_path / "sweep.json", {"1.size": [2, 3]})
+    results = tmp_path / "r.jsonl"
+    assert cli.main(["run", str(path), "--out", str(tmp_path / "o"), "--sweep", str(sweep),
+                     "--results", str(results), "--quiet"]) == code, capsys.readouterr().err
+    assert [json.loads(line)["status"] for line in results.read_text().splitlines()] == statuses
+    assert record.calls.count("PressCtrlC") == len(statuses)
+    assert signal.getsignal(signal.SIGINT) == handler  # put back, or never replaced
 
 
 def test_progress_display_redraws_one_line_on_a_terminal():

@@ -4,7 +4,7 @@ results file, reruns that skip what any server finished, a server that goes away
 import json
 
 import pytest
-from test_client import WORKFLOW, FakeComfyUI, VIDEO
+from test_client import WORKFLOW, CtrlCComfyUI, FakeComfyUI, VIDEO
 
 from wan_enhanced.runner import cli
 from wan_enhanced.runner.server_pool import server_folder, server_urls
@@ -139,3 +139,24 @@ def test_ctrl_c_interrupts_every_server(sweep_files, interactive_sigint, capsys)
     lines = _lines(results)
     assert [line["status"] for line in lines] == ["interrupted", "interrupted"]
     assert "interrupted: asking every server to stop its prompt" in capsys.readouterr().err
+
+
+def test_ctrl_c_leaves_a_sweep_alone_where_sigint_was_ignored_at_start(sweep_files, ignored_sigint,
+                                                                     capsys):
+    """A sweep started with SIGINT ignored (`wan-enhanced run --server A,B ... &` in a script) is
+    a background job: Ctrl-C, pressed as the first prompt starts, stops nothing."""
+    import signal
+
+    workflow, sweep, out, results = sweep_files
+    with CtrlCComfyUI() as a, FakeComfyUI("success") as b:
+        code = cli.main(["run", str(workflow), "--server", f"{a.url},{b.url}", "--out",
+                         str(out), "--sweep", str(sweep), "--quiet"])
+        assert a.pressed.is_set()
+        prompts = sum(len(s.posted("/prompt")) for s in (a, b))
+        interrupts = [s.posted("/interrupt") for s in (a, b)]
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert prompts == 4 and interrupts == [[], []]
+    assert [line["status"] for line in _lines(results)] == ["success"] * 4
+    assert "interrupted" not in err
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

@@ -174,7 +174,7 @@ def test_the_ffn_product_with_its_gelu_in_the_epilogue_is_closer_to_float32():
     product, its rounding and then the GELU; both against float32, at a 5B FFN width."""
     _cuda_or_skip()
     torch.manual_seed(0)
-    layer = torch.nn.Linear(3072, 14336).cuda().bfloat16()
+    layer = torch.nn.Linear(3072, 14336).cuda().bfloat16().requires_grad_(False)
     h = torch.randn(2, 300, 3072, device="cuda").bfloat16()
     gelu = torch.nn.GELU(approximate="tanh")
     assert glue.linear_gelu_fusable(layer, gelu, h)

@@ -8,6 +8,10 @@ five to eight kernels per step), the Triton kernels of glue_kernels.py do each s
 with float32 arithmetic and one rounding at the end.
 
 Modulation tables are [B, G, D] with G groups of L / G consecutive tokens (see dit.py).
+
+Two steps run as operators of their own inside compiled graphs too, where they beat what the
+compiler makes of the statements: the q/k norm with its rotation (rms_norm_heads) and the FFN's
+first product with its GELU in the product's epilogue (linear_gelu).
 """
 
 from __future__ import annotations

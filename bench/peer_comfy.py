@@ -21,9 +21,11 @@ operations ComfyUI itself picks:
                                workflow compiles the model).
 "compiled": each transformer block through torch.compile (one compiled block function shared
 by all blocks on both sides). Inputs: bf16 noise, 512 rows of bf16 text context, t = 500 (one
-timestep per sample, as ComfyUI gives a text-to-video model). Each side is warmed up, then timed
-`--repeats` times with CUDA events (median); peak activation memory = max allocated during the
-timed runs minus what was allocated before them.
+timestep per sample, as ComfyUI gives a text-to-video model). Both models of a weight format are
+on the GPU together; per mode each side is warmed up, then the two are timed in turns (ours,
+ComfyUI's, ours, ...) `--repeats` times each with CUDA events (median), so that the GPU's drift
+over a run weighs on both alike; peak activation memory = max allocated during a side's timed
+calls minus what was allocated at their start.
 
 Accuracy: a float32 forward of the same weights (our model in float32; for dit_14b with TF32
 matmuls, which are some hundred times finer than bf16 and keep it to minutes) is the reference;
@@ -124,11 +126,16 @@ def comfy_dit(wan_model, ops, config, state: dict[str, torch.Tensor], weights: s
     return model.eval().requires_grad_(False)
 
 
-def compile_comfy_blocks(model) -> None:
-    """Each block's forward through one shared torch.compile'd function (as ours)."""
-    compiled = torch.compile(type(model.blocks[0]).forward, dynamic=False)
-    for block in model.blocks:
-        block.forward = functools.partial(compiled, block)
+def set_comfy_compiled(model, compiled: bool) -> None:
+    """Each block's forward through one shared torch.compile'd function (as ours), or the
+    blocks' own forward again."""
+    if compiled:
+        function = torch.compile(type(model.blocks[0]).forward, dynamic=False)
+        for block in model.blocks:
+            block.forward = functools.partial(function, block)
+    else:
+        for block in model.blocks:
+            block.__dict__.pop("forward", None)
 
 
 # -- ours --------------------------------------------------------------------------------------
@@ -192,6 +199,9 @@ def profiled(fn, layers: int) -> str:
 # -- one case ----------------------------------------------------------------------------------
 
 def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
+    """Every mode of case `name`: ours and ComfyUI's forward (COMPARED_WITH's mode for our fp8
+    attention) timed in turns, with both models of a weight format on the GPU at once (they
+    share the bf16 tensors of `state`)."""
     case = peer.CASES[name]
     config, latent, state, noise, context, timestep = peer.dit_setup(
         name, args.quick, args.seed, device, torch.bfloat16, per_token_timestep=False).parts()
@@ -201,46 +211,38 @@ def run_case(name: str, args, device, comfy) -> tuple[list[dict], str]:
     cpu = functools.partial(lambda t: t.float().cpu())
     results, profiles = {}, [f"## {name}"]
     modes = [m for m in MODES if m in args.mode]
+    wan_model, ops = comfy
 
-    for weights in ("bf16", "fp8_e4m3fn_fast"):
-        wanted = [m for m in modes if OURS[m][0] == weights]
+    for ours_weights, their_weights in (("bf16", "bf16"), ("fp8_e4m3fn_fast", "fp8")):
+        wanted = [m for m in modes if OURS[m][0] == ours_weights]
         if not wanted:
             continue
-        model = ours_model(config, state, weights)
+        ours = ours_model(config, state, ours_weights)
+        theirs = comfy_dit(wan_model, ops, config, state, their_weights)
         for mode in wanted:
             _, attention, compiled = OURS[mode]
+            their_mode = COMPARED_WITH.get(mode, mode)
+            set_comfy_compiled(theirs, THEIRS[their_mode][1])
 
-            def fn(model=model, attention=attention, compiled=compiled):
+            def ours_fn(model=ours, attention=attention, compiled=compiled):
                 return model(noise, timestep, context, attention=attention, compiled=compiled)
-            out, run = peer.timed(fn, args.repeats, device, cpu)
-            results[("ours", mode)] = (run, peer.distance(out, reference))
-            print(f"  ours {mode}: {run.median_ms} ms", flush=True)
+
+            def theirs_fn(model=theirs):
+                return model(noise, timestep, context)
+            timed = peer.timed_in_turns({"ours": ours_fn, "comfy": theirs_fn}, args.repeats,
+                                        device, cpu)
+            for side, (out, run) in timed.items():
+                results[(side, mode)] = (run, peer.distance(out, reference))
+            print(f"  {mode}: ours {timed['ours'][1].median_ms} ms, ComfyUI {their_mode} "
+                  f"{timed['comfy'][1].median_ms} ms", flush=True)
             if args.profile and device.type == "cuda":
-                profiles.append(f"### ours {mode}\n" + profiled(fn, config.num_layers))
-        del model
+                profiles.append(f"### ours {mode}\n" + profiled(ours_fn, config.num_layers))
+                if mode == their_mode:
+                    profiles.append(f"### ComfyUI {mode}\n"
+                                    + profiled(theirs_fn, config.num_layers))
+        del ours, theirs
         torch._dynamo.reset()
         peer.free_memory()
-
-    wan_model, ops = comfy
-    for weights in ("bf16", "fp8"):
-        wanted = [m for m in modes if m in THEIRS and THEIRS[m][0] == weights]
-        if not wanted:
-            continue
-        for mode in wanted:
-            model = comfy_dit(wan_model, ops, config, state, weights)
-            if THEIRS[mode][1]:
-                compile_comfy_blocks(model)
-
-            def fn(model=model):
-                return model(noise, timestep, context)
-            out, run = peer.timed(fn, args.repeats, device, cpu)
-            results[("comfy", mode)] = (run, peer.distance(out, reference))
-            print(f"  comfy {mode}: {run.median_ms} ms", flush=True)
-            if args.profile and device.type == "cuda":
-                profiles.append(f"### ComfyUI {mode}\n" + profiled(fn, config.num_layers))
-            del model
-            torch._dynamo.reset()
-            peer.free_memory()
     del state
     peer.free_memory()
     return rows_of(name, case, modes, results), "\n\n".join(profiles)
@@ -251,7 +253,7 @@ def rows_of(name, case, modes, results) -> list[dict]:
     for mode in modes:
         ours_run, ours_dist = results[("ours", mode)]
         theirs_mode = COMPARED_WITH.get(mode, mode)
-        theirs_run, theirs_dist = results.get(("comfy", theirs_mode), (None, None))
+        theirs_run, theirs_dist = results.get(("comfy", mode), (None, None))
         ours_ms = ours_run.median_ms
         comfy_ms = theirs_run.median_ms if theirs_run else None
         rows.append({

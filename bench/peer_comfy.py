@@ -264,7 +264,8 @@ def rows_of(name, case, modes, results) -> list[dict]:
             "ours_peak_activation_gib": peer.gib(ours_run.peak_allocated),
             "comfy_peak_activation_gib": (peer.gib(theirs_run.peak_allocated) if theirs_run
                                           else None),
-            "ours_error": ours_run.error, "comfy_error": theirs_run.error if theirs_run else None})
+            "ours_error": ours_run.error, "comfy_error": theirs_run.error if theirs_run else None,
+            "repeats": len(ours_run.times_ms)})
     return rows
 
 
@@ -274,8 +275,12 @@ def markdown(data: dict) -> str:
     def f(value, spec):
         return peer.fmt(value, spec, missing="—")
 
+    repeats = {}
+    for r in data["rows"]:
+        repeats.setdefault(r["case"], r.get("repeats", data["meta"]["repeats"]))
     lines = [f"Device: {data['meta']['device']}, torch {data['meta']['torch']}, ComfyUI "
-             f"{data['meta']['comfyui']}; one DiT forward, median of {data['meta']['repeats']}.",
+             f"{data['meta']['comfyui']}; one DiT forward, ours and ComfyUI's timed in turns, "
+             f"median of " + ", ".join(f"{n} ({case})" for case, n in repeats.items()) + ".",
              "", "| case | mode | ours ms | ComfyUI ms | ours / ComfyUI | ours vs fp32 (max rel / "
              "rel L2) | ComfyUI vs fp32 (max rel / rel L2) | peak act. GiB ours / ComfyUI |",
              "|---|---|---:|---:|---:|---|---|---|"]

@@ -16,7 +16,8 @@ def test_busy_time_is_the_union_of_overlapping_spans_and_gaps_are_ranked():
         DeviceSpan(410 * US, 500 * US, "e", launched_ns=300 * US),  # 10 us: the GPU's own latency
         DeviceSpan(800 * US, 900 * US, "f", launched_ns=790 * US),  # 300 us gap, launched late
     ]
-    syncs = [(550 * US, 780 * US, "cudaStreamSynchronize"), (100 * US, 120 * US, "cudaLaunchKernel")]
+    syncs = [(550 * US, 780 * US, "cudaStreamSynchronize"),
+             (100 * US, 120 * US, "cudaLaunchKernel")]
     idle = idle_of(0, spans, syncs)
     assert idle.wall_ms == pytest.approx(0.9)
     assert idle.busy_ms == pytest.approx((150 + 100 + 90 + 100) / 1000)

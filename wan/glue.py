@@ -178,7 +178,7 @@ RMS_NORM_ROPE = kernel_operator("wan_enhanced_glue::rms_norm_rope", _rms_norm_ro
                                 _rms_norm_rope_shape)
 
 
-# -- the FFN's first layer and its GELU in one matrix product ---------------------------------------
+# -- the FFN's first layer and its GELU in one matrix product -----------------------------------
 
 def linear_gelu_fusable(layer: torch.nn.Module, act: torch.nn.Module, h: torch.Tensor) -> bool:
     """Whether linear_gelu can stand for act(layer(h)): a plain linear layer with a bias in h's

@@ -14,7 +14,7 @@ Ctrl-C removes the prompt from the queue and interrupts it on the server (POST /
 /interrupt). The prompt id is chosen here, so this works from the moment the prompt is posted;
 while a run is followed, only the first Ctrl-C raises: any further one, however soon after, is
 counted and cannot cut the cancel requests short. A process that started with SIGINT ignored (a
-background job) keeps ignoring it (see ctrl_c).
+background job) keeps ignoring it (see stop_signals).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..safe_paths import UnsafePathError, name_problem, path_inside
-from .ctrl_c import CtrlC
+from .stop_signals import StopSignals
 from .executor import EventCallback, RunEvent, ui_file_entries
 from .workflow import Issue, node_title
 
@@ -336,11 +336,11 @@ class Client:
         return ws, message
 
 
-class _FirstCtrlCOnly(CtrlC):
-    """While a prompt is followed (main thread only, and not where SIGINT is ignored: ctrl_c's
-    rule): the first SIGINT raises KeyboardInterrupt, as Python's own handler does; later ones
-    are counted and ignored, so two signals a few microseconds apart cannot interrupt the cancel
-    requests the first one started. The previous handler is back afterwards."""
+class _FirstCtrlCOnly(StopSignals):
+    """While a prompt is followed (main thread only, and not where SIGINT is ignored: the rule of
+    stop_signals): the first SIGINT raises KeyboardInterrupt, as Python's own handler does; later
+    ones are counted and ignored, so two signals a few microseconds apart cannot interrupt the
+    cancel requests the first one started. The previous handler is back afterwards."""
 
     def __init__(self):
         super().__init__(self._handle)

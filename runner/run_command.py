@@ -25,7 +25,7 @@ from typing import Mapping, TextIO
 
 from .. import host
 from .client import (Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError)
-from .ctrl_c import CtrlC
+from .stop_signals import StopSignals
 from .executor import RunError, RunEvent, RunInterrupted, check_supported, execute
 from .server_pool import run_on_servers, server_urls
 from .overrides import OverrideError, apply_overrides
@@ -294,7 +294,7 @@ class _StopRequest:
     and clean up (its handler raises KeyboardInterrupt as soon as it runs), then the process
     exits with code 1 regardless; hidden .partial files such an exit may leave are cleaned up by
     the next run (atomic_files.remove_stale_partials). A run that started with SIGINT ignored (a
-    background job) keeps ignoring it (ctrl_c)."""
+    background job) keeps ignoring it (stop_signals)."""
 
     def __init__(self):
         self.requested = False
@@ -333,9 +333,10 @@ def _say(text: str) -> None:
         pass
 
 
-class _SignalHandler(CtrlC):
+class _SignalHandler(StopSignals):
     """SIGINT to `handler` in the main thread, and to `watch(n)` for the n-th one in a daemon
-    thread the moment it arrives; neither where SIGINT is ignored (ctrl_c's rule)."""
+    thread the moment it arrives; neither where SIGINT is ignored (the rule of
+    stop_signals)."""
 
     def __init__(self, handler, watch):
         super().__init__(handler)

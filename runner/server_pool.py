@@ -11,7 +11,7 @@ A server that stops answering is dropped: its job goes back to the others (at mo
 server), and the run goes on while one server is left. A workflow a server rejects stops the
 run (exit 2). Ctrl-C stops dispatching, asks every server to interrupt its prompt, records those
 jobs as interrupted and ends with exit 1; a process that started with SIGINT ignored (a
-background job) keeps ignoring it (see ctrl_c).
+background job) keeps ignoring it (see stop_signals).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import urllib.parse
 from pathlib import Path
 
 from .client import Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError
-from .ctrl_c import CtrlC
+from .stop_signals import StopSignals
 from .sweep import ResultsLog, SweepJob, result_record
 
 OK, FAILED, INVALID = 0, 1, 2
@@ -160,7 +160,7 @@ def run_on_servers(clients: list[Client], jobs: list[SweepJob], total: int, out:
                for i, client in enumerate(clients)]
     for thread in threads:
         thread.start()
-    with CtrlC(signal.default_int_handler):  # Ctrl-C raises here, unless SIGINT is ignored
+    with StopSignals(signal.default_int_handler):  # Ctrl-C raises here, unless SIGINT is ignored
         try:
             while any(thread.is_alive() for thread in threads):
                 for thread in threads:

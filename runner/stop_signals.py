@@ -22,7 +22,7 @@ def sigint_ignored() -> bool:
     return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
-class CtrlC:
+class StopSignals:
     """`handler` takes SIGINT within the block: in the main thread (the only one where Python
     runs signal handlers) and unless SIGINT is ignored. `taken` says whether it did; the
     previous handler is back afterwards (Python's own where the previous one was not set from

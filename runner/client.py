@@ -221,6 +221,9 @@ class Client:
             partial.unlink(missing_ok=True)
             raise ServerError(f"downloading {entry['filename']!r} from {self.base} failed: "
                               f"{getattr(exc, 'reason', exc)}") from None
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no .part file left behind
+            partial.unlink(missing_ok=True)
+            raise
         partial.replace(target)
         return target
 

@@ -10,11 +10,11 @@ A run is a failure unless the server ran the whole workflow: a POST answer that 
 prompt off the queue again) and a run in which none of the workflow's output nodes produced an
 output are reported with the server's messages, like a refused prompt or a node that failed.
 
-Ctrl-C removes the prompt from the queue and interrupts it on the server (POST /queue, POST
-/interrupt). The prompt id is chosen here, so this works from the moment the prompt is posted;
-while a run is followed, only the first Ctrl-C raises: any further one, however soon after, is
-counted and cannot cut the cancel requests short. A process that started with SIGINT ignored (a
-background job) keeps ignoring it (see stop_signals).
+Ctrl-C or `kill` (SIGTERM) removes the prompt from the queue and interrupts it on the server
+(POST /queue, POST /interrupt). The prompt id is chosen here, so this works from the moment the
+prompt is posted; while a run is followed, only the first signal raises: any further one, however
+soon after, is counted and cannot cut the cancel requests short. A process that started with
+SIGINT ignored (a background job) keeps ignoring it, SIGTERM still stops it (see stop_signals).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..safe_paths import UnsafePathError, name_problem, path_inside
-from .stop_signals import StopSignals
+from .stop_signals import FirstStopRaises
 from .executor import EventCallback, RunEvent, ui_file_entries
 from .workflow import Issue, node_title
 
@@ -252,10 +252,10 @@ class Client:
     def run(self, workflow: Mapping, out_dir: str | Path,
             on_event: EventCallback | None = None) -> ServerRunResult:
         """Queue the workflow, wait for it, download its files. Raises PromptRejected,
-        RemoteRunError, RemoteInterrupted (also after Ctrl-C) or ServerError."""
+        RemoteRunError, RemoteInterrupted (also after Ctrl-C or SIGTERM) or ServerError."""
         started = time.perf_counter()
         prompt_id = str(uuid.uuid4())
-        with _FirstCtrlCOnly():
+        with FirstStopRaises():  # takes nothing inside the runner's own (stop_signals)
             ws = self._connect()
             try:
                 try:
@@ -337,22 +337,6 @@ class Client:
         if isinstance(message, bytes) or not message:  # preview images, control frames
             return ws, None
         return ws, message
-
-
-class _FirstCtrlCOnly(StopSignals):
-    """While a prompt is followed (main thread only, and not where SIGINT is ignored: the rule of
-    stop_signals): the first SIGINT raises KeyboardInterrupt, as Python's own handler does; later
-    ones are counted and ignored, so two signals a few microseconds apart cannot interrupt the
-    cancel requests the first one started. The previous handler is back afterwards."""
-
-    def __init__(self):
-        super().__init__(self._handle)
-        self.count = 0
-
-    def _handle(self, signum, frame) -> None:
-        self.count += 1
-        if self.count == 1:
-            raise KeyboardInterrupt
 
 
 class _Tracker:

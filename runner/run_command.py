@@ -5,12 +5,14 @@ and files go to --out. With --server the workflow is queued on a running ComfyUI
 files are downloaded into --out. --set changes inputs; --sweep runs every combination of a sweep
 file and appends one line per job to --results, skipping jobs that already succeeded there.
 
-Exit codes: 0 every job succeeded, 1 a job failed or was interrupted, 2 the workflow, a --set
-or the sweep is invalid (nothing ran).
+Exit codes: 0 every job succeeded, 1 a job failed or was interrupted (Ctrl-C, or SIGTERM: a run
+stopped by `kill` is recorded and exits like one stopped by Ctrl-C, not with the shell's 143),
+2 the workflow, a --set or the sweep is invalid (nothing ran).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -25,7 +27,7 @@ from typing import Mapping, TextIO
 
 from .. import host
 from .client import (Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError)
-from .stop_signals import StopSignals
+from .stop_signals import FirstStopRaises, StopSignals, signal_name
 from .executor import RunError, RunEvent, RunInterrupted, check_supported, execute
 from .server_pool import run_on_servers, server_urls
 from .overrides import OverrideError, apply_overrides
@@ -135,7 +137,7 @@ def run(args) -> int:
         return _run_here(pending, len(jobs), args, registry, results, display)
     try:
         return _run_on_server(client, pending, len(jobs), args, results, display)
-    except KeyboardInterrupt:  # outside the wait (which cancels the prompt itself)
+    except KeyboardInterrupt:  # a signal the runner's handler did not take
         display.close()
         print("interrupted", file=err)
         return FAILED
@@ -207,7 +209,7 @@ def _run_here(jobs: list[SweepJob], total: int, args, registry, results: Results
     try:
         with stop.installed():
             return _run_jobs_here(jobs, total, validated, registry, results, display, stop)
-    except KeyboardInterrupt:  # a second Ctrl-C outside a node
+    except KeyboardInterrupt:  # a signal the runner's handler did not take
         display.close()
         print("interrupted", file=err)
         return FAILED
@@ -228,17 +230,19 @@ def _run_jobs_here(jobs, total, validated, registry, results, display, stop) -> 
         listener = _file_recorder(results, job, run_id)
         host.add_output_listener(listener)
         try:
-            result = execute(validated.pop(job.index), registry, on_event=display,
-                             run_id=run_id)
-        except RunError as exc:
+            with stop.stoppable():
+                result = execute(validated.pop(job.index), registry, on_event=display,
+                                 run_id=run_id)
+        except (RunError, KeyboardInterrupt) as exc:  # KeyboardInterrupt: a second signal
             display.close()
-            interrupted = isinstance(exc, RunInterrupted)
-            print(f"{'interrupted' if interrupted else 'failed'}: {exc}", file=err)
+            interrupted = isinstance(exc, (RunInterrupted, KeyboardInterrupt))
+            message = str(exc) or "interrupted"
+            print(f"{'interrupted' if interrupted else 'failed'}: {message}", file=err)
             if results is not None:
                 results.append(result_record(
                     job.job_key, job.settings, status="interrupted" if interrupted else
                     "error", seconds=time.perf_counter() - started, files=[], run_id=run_id,
-                    error=str(exc)))
+                    error=message))
             if interrupted:
                 return FAILED
             status = FAILED
@@ -283,44 +287,68 @@ def _recovered(job: SweepJob, validated, results: ResultsLog, total: int) -> boo
 
 
 class _StopRequest:
-    """Ctrl-C once: ask the running node to stop at its next check (between sampling steps,
-    transformer blocks and decoded frames) and run no further job. Ctrl-C twice: stop at once,
-    with exit code 1 (FAILED).
+    """Ctrl-C or `kill` (SIGTERM) once: ask the running node to stop at its next check (between
+    sampling steps, transformer blocks and decoded frames) and run no further job. A second one
+    (either): stop at once, with exit code 1 (FAILED).
 
     A long operation inside PyTorch keeps the main thread, where Python runs signal handlers,
     for as long as it takes (minutes for one attention at 8192x8192). So a watcher thread sees
-    each Ctrl-C the moment it arrives (through signal.set_wakeup_fd): the first sets the
+    each signal the moment it arrives (through signal.set_wakeup_fd): the first sets the
     interrupt flag at once; after the second, the main thread gets STOP_GRACE_S seconds to stop
-    and clean up (its handler raises KeyboardInterrupt as soon as it runs), then the process
-    exits with code 1 regardless; hidden .partial files such an exit may leave are cleaned up by
-    the next run (atomic_files.remove_stale_partials). A run that started with SIGINT ignored (a
-    background job) keeps ignoring it (stop_signals)."""
+    and clean up (its handler raises KeyboardInterrupt as soon as it runs, while a job runs:
+    never in the job's results line), then the process exits with code 1 unless the run is over
+    by then; hidden .partial files such an exit may leave are cleaned up by the next run
+    (atomic_files.remove_stale_partials). A run that started with SIGINT ignored (a background
+    job) keeps ignoring it; SIGTERM stops it all the same (stop_signals)."""
 
     def __init__(self):
         self.requested = False
-        self.count = 0  # Ctrl-C seen by the main thread's handler
+        self.count = 0  # signals seen by the main thread's handler
+        self.running = False  # a job runs (`stoppable`): a second signal may cut it
+        self.over = threading.Event()  # the run is over: no exit from the watcher
 
     def _handle(self, signum, frame):
         self.count += 1
         self.requested = True
         host.request_interrupt()
-        if self.count >= 2:
+        if self.count >= 2 and self.running:
+            self.running = False  # once: what follows records the job
             raise KeyboardInterrupt
 
-    def on_signal(self, seen: int) -> None:
-        """The watcher thread's reaction to the `seen`-th Ctrl-C."""
+    @contextlib.contextmanager
+    def stoppable(self):
+        """Around a job's execution, the one place a second signal raises KeyboardInterrupt."""
+        if self.requested:  # came after the check before this job, which would clear the flag
+            raise KeyboardInterrupt
+        self.running = True
+        try:
+            yield
+        finally:
+            self.running = False
+
+    def on_signal(self, seen: int, signum: int) -> None:
+        """The watcher thread's reaction to the `seen`-th signal, `signum`."""
         self.requested = True
         host.request_interrupt()
         if seen == 1:
-            _say("\nstopping at the next check; Ctrl-C again to stop at once")
+            _say("\nstopping at the next check; Ctrl-C again to stop at once"
+                 if signum == signal.SIGINT else
+                 f"\n{signal_name(signum)}: stopping at the next check; a second "
+                 f"{signal_name(signum)} stops at once")
             return
         _say(f"\nstopping now (exit code {FAILED})")
-        time.sleep(STOP_GRACE_S)
+        if self.over.wait(STOP_GRACE_S):
+            return  # the main thread stopped and is ending the run
         _say("interrupted")
         os._exit(FAILED)  # the main thread is stuck in one long operation
 
+    @contextlib.contextmanager
     def installed(self):
-        return _SignalHandler(self._handle, self.on_signal)
+        try:
+            with _SignalHandler(self._handle, self.on_signal):
+                yield
+        finally:
+            self.over.set()
 
 
 STOP_GRACE_S = 3.0
@@ -334,9 +362,9 @@ def _say(text: str) -> None:
 
 
 class _SignalHandler(StopSignals):
-    """SIGINT to `handler` in the main thread, and to `watch(n)` for the n-th one in a daemon
-    thread the moment it arrives; neither where SIGINT is ignored (the rule of
-    stop_signals)."""
+    """SIGINT and SIGTERM to `handler` in the main thread, and to `watch(n, signum)` for the
+    n-th one in a daemon thread the moment it arrives; neither where the signal is ignored (the
+    rule of stop_signals)."""
 
     def __init__(self, handler, watch):
         super().__init__(handler)
@@ -355,11 +383,11 @@ class _SignalHandler(StopSignals):
         except (OSError, ValueError):  # no wakeup descriptor here: handler only
             self.sockets = None
             return self
-        threading.Thread(target=self._watch, args=(self.sockets[0],), daemon=True,
-                         name="wan-enhanced-ctrl-c").start()
+        threading.Thread(target=self._watch, args=(self.sockets[0], self.signals), daemon=True,
+                         name="wan-enhanced-stop-signals").start()
         return self
 
-    def _watch(self, reader) -> None:
+    def _watch(self, reader, signals) -> None:
         seen = 0
         while True:
             try:
@@ -370,9 +398,9 @@ class _SignalHandler(StopSignals):
             if not data:
                 return
             for signum in data:
-                if signum == signal.SIGINT:
+                if signum in signals:
                     seen += 1
-                    self.watch(seen)
+                    self.watch(seen, signum)
 
     def __exit__(self, *exc):
         if self.sockets is not None:
@@ -388,15 +416,32 @@ class _SignalHandler(StopSignals):
 
 def _run_on_server(client: Client, jobs: list[SweepJob], total: int, args,
                    results: ResultsLog | None, display: "ProgressDisplay") -> int:
+    """Ctrl-C or SIGTERM while a job's prompt is followed interrupts it on the server (Client.run
+    under this handler); anywhere else in a job (posting it, downloading its files) it is
+    recorded as interrupted too; between jobs (its results line) the run stops before the next.
+    Only the first signal counts, so later ones cannot cut the cancel requests or the line."""
+    stop = FirstStopRaises(anywhere=False)
+    with stop:
+        return _run_jobs_on_server(client, jobs, total, args, results, display, stop)
+
+
+def _run_jobs_on_server(client, jobs, total, args, results, display, stop) -> int:
     err = sys.stderr
     status = OK
     for job in jobs:
+        if stop.count:
+            print("stopped before the next job", file=err)
+            return FAILED
         header = _job_header(job, total)
         if header:
             print(header, file=err)
         started = time.perf_counter()
         try:
-            result = client.run(job.workflow, args.out, on_event=display)
+            try:
+                with stop.stoppable():
+                    result = client.run(job.workflow, args.out, on_event=display)
+            except KeyboardInterrupt:  # outside the prompt's wait, which cancels it itself
+                raise RemoteInterrupted("", "interrupted") from None
         except (PromptRejected, RemoteRunError, RemoteInterrupted, ServerError) as exc:
             display.close()
             print(f"{'error' if isinstance(exc, PromptRejected) else 'failed'}: {exc}", file=err)

@@ -9,16 +9,17 @@ with the same or another set of servers skips what any of them finished.
 
 A server that stops answering is dropped: its job goes back to the others (at most once per
 server), and the run goes on while one server is left. A workflow a server rejects stops the
-run (exit 2). Ctrl-C stops dispatching, asks every server to interrupt its prompt, records those
-jobs as interrupted and ends with exit 1; a process that started with SIGINT ignored (a
-background job) keeps ignoring it (see stop_signals).
+run (exit 2). Ctrl-C or `kill` (SIGTERM) stops dispatching, asks every server to interrupt its
+prompt, records those jobs as interrupted and ends with exit 1; further signals meanwhile are
+counted and ignored, so the servers' answers and the results lines are waited for. A process that
+started with SIGINT ignored (a background job) keeps ignoring it, SIGTERM still stops it (see
+stop_signals).
 """
 
 from __future__ import annotations
 
 import queue
 import re
-import signal
 import sys
 import threading
 import time
@@ -72,9 +73,15 @@ class _Pool:
             print(text, file=sys.stderr, flush=True)
 
     def record(self, record: dict) -> None:
-        if self.results is not None:
-            with self.lock:
+        with self.lock:
+            if self.results is not None:
                 self.results.append(record)
+
+    def close_results(self) -> None:
+        """No line from now on (the run ends; a server still waited for writes none): the file
+        is left complete, not cut in a line when the process exits."""
+        with self.lock:
+            self.results = None
 
     def serve(self, client: Client) -> None:
         name = client.base
@@ -160,17 +167,22 @@ def run_on_servers(clients: list[Client], jobs: list[SweepJob], total: int, out:
                for i, client in enumerate(clients)]
     for thread in threads:
         thread.start()
-    with StopSignals(signal.default_int_handler):  # Ctrl-C raises here, unless SIGINT is ignored
-        try:
-            while any(thread.is_alive() for thread in threads):
+    # Signals are only counted, and read between joins: a KeyboardInterrupt raised inside
+    # Thread.join marks the thread joined as finished while it still runs (CPython 3.11), and
+    # the joins below would then not wait for its results line.
+    with StopSignals() as stop:
+        while any(thread.is_alive() for thread in threads):
+            if stop.count:  # Ctrl-C (unless SIGINT is ignored) or SIGTERM; later ones: no matter
+                pool.say("interrupted: asking every server to stop its prompt")
+                pool.interrupt_all()
                 for thread in threads:
-                    thread.join(timeout=0.2)
-        except KeyboardInterrupt:
-            pool.say("interrupted: asking every server to stop its prompt")
-            pool.interrupt_all()
+                    thread.join(timeout=30)
+                pool.close_results()
+                return FAILED
             for thread in threads:
-                thread.join(timeout=30)
-            return FAILED
+                thread.join(timeout=0.2)
+                if stop.count:
+                    break
     if pool.remaining and pool.status == OK:
         pool.say(f"{pool.remaining} job(s) did not run: no server was left")
         return FAILED

@@ -100,7 +100,7 @@ def all_kinds_models(tmp_path_factory) -> Path:
     return write_all_kinds(tmp_path_factory.mktemp("all_kinds_models"))
 
 
-# -- SIGINT as an interactive run or a background job gets it ------------------------------------
+# -- SIGINT as an interactive run or a background job gets it; SIGTERM sent by a test ------------
 
 def _sigint_for_the_test(handler):
     import signal
@@ -125,4 +125,19 @@ def ignored_sigint():
     """SIGINT as a background job starts with it (`cmd &` in a non-interactive shell): ignored."""
     import signal
     yield from _sigint_for_the_test(signal.SIG_IGN)
+
+
+@pytest.fixture
+def stray_sigterm():
+    """For tests that send SIGTERM to their own process: a handler that notes each SIGTERM no
+    runner took (the list yielded) instead of Python's default, which would end pytest; such a
+    test then fails on its outcome instead."""
+    import signal
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 

@@ -270,18 +270,19 @@ class FakeComfyUI:
 
 # -- tests -------------------------------------------------------------------------------------
 
-class CtrlCComfyUI(FakeComfyUI):
-    """Successful runs; Ctrl-C is pressed (a SIGINT to this process, the client's) as the first
-    prompt starts."""
+class SignalComfyUI(FakeComfyUI):
+    """Successful runs; as the first prompt starts, `signum` reaches this process, the client's:
+    SIGINT as Ctrl-C sends it, or SIGTERM as `kill` does."""
 
-    def __init__(self):
+    def __init__(self, signum: int = signal.SIGINT):
         super().__init__("success")
+        self.signum = signum
         self.pressed = threading.Event()
 
     def play(self, client_id: str, prompt_id: str) -> None:
         if not self.pressed.is_set():
             self.pressed.set()
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), self.signum)
             time.sleep(0.1)
         super().play(client_id, prompt_id)
 
@@ -395,7 +396,7 @@ def test_ctrl_c_interrupts_a_server_run_unless_sigint_was_ignored_at_start(
     workflow = tmp_path / "wf.json"
     workflow.write_text(json.dumps(WORKFLOW))
     results = tmp_path / "results.jsonl"
-    with CtrlCComfyUI() as server:
+    with SignalComfyUI() as server:
         got = cli.main(["run", str(workflow), "--server", server.url, "--out",
                         str(tmp_path / "out"), "--results", str(results), "--quiet"])
         prompt_id = server.posted("/prompt")[0]["prompt_id"]
@@ -435,6 +436,93 @@ def test_two_ctrl_c_microseconds_apart_still_interrupt_the_server(tmp_path):
         assert server.posted("/interrupt") == [{"prompt_id": prompt_id}], err
     assert process.returncode == 1, err
     assert f"asked {server.url} to stop prompt {prompt_id}" in err
+
+
+@pytest.mark.parametrize("sigint", ["interactive_sigint", "ignored_sigint"])
+def test_sigterm_interrupts_a_server_run_also_where_sigint_was_ignored_at_start(
+        sigint, tmp_path, request, stray_sigterm, capsys):
+    """`kill` (SIGTERM) stops a server run as Ctrl-C does: the prompt is taken off the server's
+    queue and interrupted there, the job recorded as interrupted, exit 1; also in a background
+    job (SIGINT ignored), whose prompt would otherwise run on, its GPU time wasted."""
+    request.getfixturevalue(sigint)
+    handlers = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)]
+    workflow = tmp_path / "wf.json"
+    workflow.write_text(json.dumps(WORKFLOW))
+    results = tmp_path / "results.jsonl"
+    with SignalComfyUI(signal.SIGTERM) as server:
+        got = cli.main(["run", str(workflow), "--server", server.url, "--out",
+                        str(tmp_path / "out"), "--results", str(results), "--quiet"])
+        prompt_id = server.posted("/prompt")[0]["prompt_id"]
+        cancels = server.posted("/queue"), server.posted("/interrupt")
+    assert got == 1, capsys.readouterr().err
+    (line,) = [json.loads(text) for text in results.read_text().splitlines()]
+    assert line["status"] == "interrupted" and line["prompt_id"] == prompt_id
+    assert cancels == ([{"delete": [prompt_id]}], [{"prompt_id": prompt_id}])
+    assert not (tmp_path / "out" / "wan" / "clip_00001.mp4").exists()
+    assert stray_sigterm == []  # the run's handler took it
+    assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == handlers
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_during_the_cleanup_cuts_nothing(second, tmp_path, interactive_sigint,
+                                                          stray_sigterm, monkeypatch, capsys):
+    """After SIGTERM, a second signal (an impatient `kill`, Ctrl-C) lands while the cancel
+    requests are sent and again while the results line is written: both requests still reach
+    the server, the line is whole, the exit code 1."""
+    from wan_enhanced.runner.sweep import ResultsLog
+
+    cancel, append = Client.cancel, ResultsLog.append
+    monkeypatch.setattr(Client, "cancel", lambda client, prompt_id: (
+        os.kill(os.getpid(), second), cancel(client, prompt_id)))
+    monkeypatch.setattr(ResultsLog, "append", lambda log, line: (
+        os.kill(os.getpid(), second), append(log, line)))
+    workflow = tmp_path / "wf.json"
+    workflow.write_text(json.dumps(WORKFLOW))
+    results = tmp_path / "results.jsonl"
+    with SignalComfyUI(signal.SIGTERM) as server:
+        got = cli.main(["run", str(workflow), "--server", server.url, "--out",
+                        str(tmp_path / "out"), "--results", str(results), "--quiet"])
+        prompt_id = server.posted("/prompt")[0]["prompt_id"]
+        cancels = server.posted("/queue"), server.posted("/interrupt")
+    err = capsys.readouterr().err
+    assert got == 1, err
+    (line,) = [json.loads(text) for text in results.read_text().splitlines()]
+    assert line["status"] == "interrupted" and line["prompt_id"] == prompt_id
+    assert cancels == ([{"delete": [prompt_id]}], [{"prompt_id": prompt_id}])
+    assert stray_sigterm == [] and "Traceback" not in err
+
+
+def test_kill_stops_a_server_run_started_as_a_background_job(tmp_path):
+    """`wan-enhanced run --server ... &` in a script, then `kill PID`: the shell started it with
+    SIGINT ignored, and SIGTERM, which used to end it on the spot (its prompt running on, no
+    results line), stops it as Ctrl-C would: prompt cancelled on the server, line, exit 1."""
+    workflow = tmp_path / "wf.json"
+    workflow.write_text(json.dumps(WORKFLOW))
+    results = tmp_path / "results.jsonl"
+    command = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh",  # as `cmd &` starts it
+               sys.executable, "-c", "import sys; from wan_enhanced.runner.cli import main; "
+               "sys.exit(main(sys.argv[1:]))", "run", str(workflow), "--out",
+               str(tmp_path / "out"), "--results", str(results), "--quiet"]
+    with FakeComfyUI("interrupt") as server:
+        process = subprocess.Popen(command + ["--server", server.url], stderr=subprocess.PIPE,
+                                   text=True)
+        try:
+            deadline = time.time() + 60
+            while ("sent", "progress", "2") not in server.log and time.time() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # the client is reading the websocket
+            process.send_signal(signal.SIGTERM)
+            _, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        prompt_id = server.posted("/prompt")[0]["prompt_id"]
+        cancels = server.posted("/queue"), server.posted("/interrupt")
+    assert process.returncode == 1, err  # an exit code, not death by signal (-15)
+    assert cancels == ([{"delete": [prompt_id]}], [{"prompt_id": prompt_id}]), err
+    (line,) = [json.loads(text) for text in results.read_text().splitlines()]
+    assert line["status"] == "interrupted" and line["prompt_id"] == prompt_id
+    assert "Traceback" not in err
 
 
 def test_lost_websocket_falls_back_to_polling_history(tmp_path):

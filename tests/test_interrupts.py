@@ -1,8 +1,8 @@
 """Interrupts reach inside a step: the sampler checks between the transformer blocks of a
 forward (the first Ctrl-C no longer waits for a whole step), the decoder between decoded frames;
-and a second Ctrl-C stops the command at once with its documented exit code, even while the main
-thread is held by one long operation; a run started with SIGINT ignored (a background job) runs
-on."""
+and a second Ctrl-C or SIGTERM stops the command at once with its documented exit code, even
+while the main thread is held by one long operation; a run started with SIGINT ignored (a
+background job) runs on through Ctrl-C, and `kill` (SIGTERM) stops it as Ctrl-C would."""
 
 from __future__ import annotations
 
@@ -99,8 +99,8 @@ STUCK_NODE = textwrap.dedent("""
         OUTPUT_NODE = True
 
         def run(self):
-            # SIGINT blocked here reaches another thread, as when the main thread is in C code
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            # a signal blocked here reaches another thread, as when the main thread is in C code
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             print("ready", flush=True)
             ctypes.CDLL(None).sleep(60)
             return {}
@@ -113,7 +113,9 @@ STUCK_NODE = textwrap.dedent("""
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-def test_two_ctrl_c_exit_with_the_documented_code_while_an_operation_holds(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_two_signals_exit_with_the_documented_code_while_an_operation_holds(signum, tmp_path):
+    """Ctrl-C twice, or `kill` twice."""
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_NODE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -123,15 +125,15 @@ def test_two_ctrl_c_exit_with_the_documented_code_while_an_operation_holds(tmp_p
     try:
         assert process.stdout.readline().strip() == "ready"
         started = time.monotonic()
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         time.sleep(0.5)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         code = process.wait(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
     err = process.stderr.read()
-    assert code == FAILED, err  # an exit code, not death by signal (-2)
+    assert code == FAILED, err  # an exit code, not death by signal (-2, -15)
     assert time.monotonic() - started < 20  # not the 60 s the operation would take
     assert "stopping at the next check" in err and "stopping now" in err
 
@@ -191,3 +193,32 @@ def test_ctrl_c_does_not_stop_a_run_started_with_sigint_ignored(tmp_path):
     (line,) = [json.loads(text) for text in results.read_text().splitlines()]
     assert line["status"] == "success"
     assert "stopping" not in err and "interrupted" not in err
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+def test_kill_stops_a_run_started_with_sigint_ignored(tmp_path):
+    """`wan-enhanced run ... &` in a script, then `kill PID`: Ctrl-C is not for it, but SIGTERM,
+    which used to end it on the spot without a results line, stops it at the next check: the job
+    is recorded as interrupted and the command exits 1."""
+    script = tmp_path / "waits.py"
+    script.write_text(WAITING_NODE)
+    results = tmp_path / "r.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh",  # as `cmd &` starts it
+               sys.executable, str(script), str(tmp_path / "w.json"), str(tmp_path / "out"),
+               str(results)]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout.readline().split() == ["ready", "True"]  # started ignoring SIGINT
+        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        _, err = process.communicate("go\n", timeout=60)  # the node's next check
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == FAILED, err  # an exit code, not death by signal (-15)
+    (line,) = [json.loads(text) for text in results.read_text().splitlines()]
+    assert line["status"] == "interrupted"
+    assert "SIGTERM: stopping at the next check" in err and "Traceback" not in err

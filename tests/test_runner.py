@@ -236,13 +236,21 @@ class PressCtrlC(FakeNode):
 
     RETURN_TYPES = ("TENSOR",)
     FUNCTION = "press"
+    SIGNAL = signal.SIGINT
 
     def press(self, tensor):
-        self.record.calls.append("PressCtrlC")
-        os.kill(os.getpid(), signal.SIGINT)
+        self.record.calls.append(type(self).__name__)
+        os.kill(os.getpid(), self.SIGNAL)
         threading.Event().wait(0.2)  # the signal's handlers, if any, run meanwhile
         host.check_interrupt()
         return (tensor,)
+
+
+class Kill(PressCtrlC):
+    """`kill` from another shell (a SIGTERM to this process), then goes on unless asked to
+    stop."""
+
+    SIGNAL = signal.SIGTERM
 
 
 class FileChoice(FakeNode):
@@ -278,7 +286,7 @@ class WhoAmI(FakeNode):
 
 REGISTRY = {cls.__name__: cls for cls in (MakeTensor, Scale, SumTensor, AssertFreed, AddInts,
                                            TextEncode, Sampler, SaveValue, Fails, Slow, Stopper,
-                                           PressCtrlC, FileChoice, WhoAmI)}
+                                           PressCtrlC, Kill, FileChoice, WhoAmI)}
 
 
 @pytest.fixture(autouse=True)
@@ -857,6 +865,58 @@ def test_ctrl_c_stops_a_run_unless_sigint_was_ignored_at_start(
     assert [json.loads(line)["status"] for line in results.read_text().splitlines()] == statuses
     assert record.calls.count("PressCtrlC") == len(statuses)
     assert signal.getsignal(signal.SIGINT) == handler  # put back, or never replaced
+
+
+def _statuses(results: Path) -> list[str]:
+    return [json.loads(line)["status"] for line in results.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("sigint", ["interactive_sigint", "ignored_sigint"])
+def test_sigterm_stops_a_run_as_ctrl_c_does_also_where_sigint_was_ignored_at_start(
+        sigint, tmp_path, registry_installed, record, request, stray_sigterm, capsys):
+    """`kill` (SIGTERM) during a run: the node stops at its next check, the job is recorded as
+    interrupted, the next one does not start, exit 1; also in a background job (SIGINT ignored),
+    which Ctrl-C cannot stop."""
+    request.getfixturevalue(sigint)
+    handlers = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)]
+    workflow = {"1": node("MakeTensor", size=2), "2": node("Kill", tensor=["1", 0]),
+                "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
+    path = write(tmp_path / "wf.json", workflow)
+    sweep = write(tmp_path / "sweep.json", {"1.size": [2, 3]})
+    results = tmp_path / "r.jsonl"
+    code = cli.main(["run", str(path), "--out", str(tmp_path / "o"), "--sweep", str(sweep),
+                     "--results", str(results), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert _statuses(results) == ["interrupted"] and record.calls.count("Kill") == 1
+    assert "interrupted: node 2 (Kill): interrupted" in err
+    assert stray_sigterm == []  # the run's handler took it
+    assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == handlers
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_while_the_interrupted_job_is_recorded_cuts_nothing(
+        second, tmp_path, registry_installed, record, interactive_sigint, stray_sigterm,
+        monkeypatch, capsys):
+    """The second signal stops a running job at once; arriving while the stopped job's line is
+    written (an impatient `kill`, Ctrl-C), it leaves the line whole and the exit code 1."""
+    append = ResultsLog.append
+
+    def signal_then_append(log, line):
+        os.kill(os.getpid(), second)
+        append(log, line)
+
+    monkeypatch.setattr(ResultsLog, "append", signal_then_append)
+    workflow = {"1": node("MakeTensor", size=2), "2": node("Kill", tensor=["1", 0]),
+                "3": node("SaveValue", value=["2", 0], filename_prefix="x")}
+    path = write(tmp_path / "wf.json", workflow)
+    results = tmp_path / "r.jsonl"
+    code = cli.main(["run", str(path), "--out", str(tmp_path / "o"), "--results", str(results),
+                     "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert _statuses(results) == ["interrupted"] and stray_sigterm == []
+    assert "Traceback" not in err
 
 
 def test_progress_display_redraws_one_line_on_a_terminal():

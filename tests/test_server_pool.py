@@ -4,7 +4,7 @@ results file, reruns that skip what any server finished, a server that goes away
 import json
 
 import pytest
-from test_client import WORKFLOW, CtrlCComfyUI, FakeComfyUI, VIDEO
+from test_client import WORKFLOW, FakeComfyUI, SignalComfyUI, VIDEO
 
 from wan_enhanced.runner import cli
 from wan_enhanced.runner.server_pool import server_folder, server_urls
@@ -148,7 +148,7 @@ def test_ctrl_c_leaves_a_sweep_alone_where_sigint_was_ignored_at_start(sweep_fil
     import signal
 
     workflow, sweep, out, results = sweep_files
-    with CtrlCComfyUI() as a, FakeComfyUI("success") as b:
+    with SignalComfyUI() as a, FakeComfyUI("success") as b:
         code = cli.main(["run", str(workflow), "--server", f"{a.url},{b.url}", "--out",
                          str(out), "--sweep", str(sweep), "--quiet"])
         assert a.pressed.is_set()
@@ -160,3 +160,83 @@ def test_ctrl_c_leaves_a_sweep_alone_where_sigint_was_ignored_at_start(sweep_fil
     assert [line["status"] for line in _lines(results)] == ["success"] * 4
     assert "interrupted" not in err
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def _signal_once_both_run(servers, signum):
+    """`signum` to this process once every server has a prompt running."""
+    import os
+    import signal
+    import threading
+    import time
+
+    def wait_and_send():
+        deadline = time.time() + 30
+        while not all(("sent", "progress", "2") in s.log for s in servers) and \
+                time.time() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signum)
+
+    thread = threading.Thread(target=wait_and_send, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("sigint", ["interactive_sigint", "ignored_sigint"])
+def test_sigterm_interrupts_every_server_also_where_sigint_was_ignored_at_start(
+        sigint, sweep_files, request, stray_sigterm, capsys):
+    """`kill` (SIGTERM) stops a sweep on several servers as Ctrl-C does, also in a background job
+    (SIGINT ignored): every server interrupts its prompt, both jobs are recorded as interrupted,
+    the others do not start, exit 1."""
+    import signal
+
+    request.getfixturevalue(sigint)
+    handlers = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)]
+    workflow, sweep, out, results = sweep_files
+    with FakeComfyUI("interrupt") as a, FakeComfyUI("interrupt") as b:
+        sender = _signal_once_both_run((a, b), signal.SIGTERM)
+        code = cli.main(["run", str(workflow), "--server", f"{a.url},{b.url}", "--out",
+                         str(out), "--sweep", str(sweep), "--quiet"])
+        sender.join()
+        interrupted = [s.interrupted.is_set() for s in (a, b)]
+        prompts = sum(len(s.posted("/prompt")) for s in (a, b))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert interrupted == [True, True] and prompts == 2
+    assert [line["status"] for line in _lines(results)] == ["interrupted", "interrupted"], err
+    assert "interrupted: asking every server to stop its prompt" in err
+    assert stray_sigterm == []  # the run's handler took it
+    assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == handlers
+
+
+@pytest.mark.parametrize("second", ["SIGTERM", "SIGINT"])
+def test_a_second_signal_while_the_servers_stop_cuts_nothing(second, sweep_files,
+                                                             interactive_sigint, stray_sigterm,
+                                                             monkeypatch, capsys):
+    """After SIGTERM, a second signal (an impatient `kill`, Ctrl-C) lands as each server's job
+    is recorded: the run still waits for both lines, writes them whole and exits 1, no
+    traceback."""
+    import os
+    import signal
+
+    from wan_enhanced.runner.sweep import ResultsLog
+
+    append = ResultsLog.append
+
+    def signal_then_append(log, line):
+        os.kill(os.getpid(), getattr(signal, second))
+        append(log, line)
+
+    monkeypatch.setattr(ResultsLog, "append", signal_then_append)
+    workflow, sweep, out, results = sweep_files
+    with FakeComfyUI("interrupt") as a, FakeComfyUI("interrupt") as b:
+        sender = _signal_once_both_run((a, b), signal.SIGTERM)
+        try:
+            code = cli.main(["run", str(workflow), "--server", f"{a.url},{b.url}", "--out",
+                             str(out), "--sweep", str(sweep), "--quiet"])
+        except KeyboardInterrupt:  # the command would end with a traceback
+            pytest.fail("the second signal escaped the run as KeyboardInterrupt")
+        sender.join()
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert [line["status"] for line in _lines(results)] == ["interrupted", "interrupted"]
+    assert stray_sigterm == [] and "Traceback" not in err

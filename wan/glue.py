@@ -138,15 +138,13 @@ def rms_norm_heads(t: torch.Tensor, weight: torch.Tensor, eps: float, heads: int
     two in float32 and rounded it in a second pass (H100, 5B 720p: 0.53 ms a block, where one
     pass over each reads and writes 0.34 GB)."""
     b, length, width = t.shape
-    if rope is not None and triton_kernels_usable(t):
-        out = RMS_NORM_ROPE(t.contiguous(), weight.float(), rope.cos, rope.sin, start, eps)
+    if (rope is not None and triton_kernels_usable(t)) or _use_kernels(t):
+        cos, sin = (None, None) if rope is None else (rope.cos, rope.sin)
+        out = RMS_NORM_ROPE(t.contiguous(), weight.float(), cos, sin, start, eps)
         return out.view(b, length, heads, -1)
-    if not _use_kernels(t):
-        normed = (F.rms_norm(t.float(), (width,), eps=eps) * weight.float()).to(t.dtype)
-        normed = normed.view(b, length, heads, -1)
-        return normed if rope is None else rope.rotate(normed, start)
-    return _rms_norm_rope(t.contiguous(), weight.float(), None, None, 0, eps).view(
-        b, length, heads, -1)
+    normed = (F.rms_norm(t.float(), (width,), eps=eps) * weight.float()).to(t.dtype)
+    normed = normed.view(b, length, heads, -1)
+    return normed if rope is None else rope.rotate(normed, start)
 
 
 def _rms_norm_rope(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor | None,
@@ -164,17 +162,12 @@ def _rms_norm_rope(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor | No
     return out
 
 
-def _rms_norm_rope_launch(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor, start: int, eps: float) -> torch.Tensor:
-    return _rms_norm_rope(t, weight, cos, sin, start, eps)
-
-
 def _rms_norm_rope_shape(t, weight, cos, sin, start, eps):
     return torch.empty_like(t)
 
 
 # registered at import: never inside a compiled region
-RMS_NORM_ROPE = kernel_operator("wan_enhanced_glue::rms_norm_rope", _rms_norm_rope_launch,
+RMS_NORM_ROPE = kernel_operator("wan_enhanced_glue::rms_norm_rope", _rms_norm_rope,
                                 _rms_norm_rope_shape)
 
 

@@ -88,19 +88,14 @@ def idle_of_profile(prof, marker: str, top: int = 6) -> Idle:
     starts = [e.start_ns() for e in events if e.name() == marker]
     if not starts:
         raise ValueError(f"no host event named {marker!r} in the profile")
-    host_calls = [(e.start_ns(), e.end_ns(), e.name()) for e in events
-                  if e.device_type() == DeviceType.CPU and e.name().startswith(("cuda", "cu"))]
-    launched = {}
-    for e in events:
-        if e.device_type() == DeviceType.CPU and e.name().startswith(("cuda", "cu")):
-            launched[e.correlation_id()] = e.start_ns()
-    spans = []
-    for e in events:
-        if e.device_type() != DeviceType.CUDA:
-            continue
-        at = launched.get(e.linked_correlation_id(), launched.get(e.correlation_id()))
-        spans.append(DeviceSpan(e.start_ns(), e.end_ns(), e.name(), at))
-    return idle_of(min(starts), spans, host_calls, top)
+    runtime = [e for e in events  # the host's CUDA runtime and driver calls
+               if e.device_type() == DeviceType.CPU and e.name().startswith(("cuda", "cu"))]
+    launched = {e.correlation_id(): e.start_ns() for e in runtime}
+    spans = [DeviceSpan(e.start_ns(), e.end_ns(), e.name(),
+                        launched.get(e.linked_correlation_id(), launched.get(e.correlation_id())))
+             for e in events if e.device_type() == DeviceType.CUDA]
+    return idle_of(min(starts), spans, [(e.start_ns(), e.end_ns(), e.name()) for e in runtime],
+                   top)
 
 
 def describe(idle: Idle, name_width: int = 60) -> str:

@@ -180,29 +180,39 @@ def timed(fn: Callable[[], torch.Tensor], repeats: int, device: torch.device,
             times = []
             for _ in range(repeats):
                 out = None  # the previous output is not part of the next call's peak
-                if cuda:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                        enable_timing=True)
-                    start.record()
-                    out = fn()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end))
-                else:
-                    t0 = time.perf_counter()
-                    out = fn()
-                    times.append((time.perf_counter() - t0) * 1000)
+                out, ms = _call_ms(fn, cuda)
+                times.append(ms)
             run = Run(times, torch.cuda.max_memory_allocated() - before if cuda else None,
                       torch.cuda.max_memory_reserved() - before if cuda else None, before)
             return to_cpu(out), run
     except RuntimeError as error:  # out of memory, or a backend refusing the shapes: recorded
         out = None
-        kind = "out of memory" if isinstance(error, torch.OutOfMemoryError) else "error"
-        print(f"  {kind}: {str(error)[:300]}", flush=True)
-        return None, Run([], None, None, None, error=f"{kind}: {str(error)[:200]}")
+        return None, Run([], None, None, None, error=_failure(error))
     finally:
         out = None
         free_memory()
+
+
+def _call_ms(fn: Callable[[], torch.Tensor], cuda: bool) -> tuple[torch.Tensor, float]:
+    """fn's output and the milliseconds it took (CUDA events on a GPU)."""
+    if not cuda:
+        t0 = time.perf_counter()
+        out = fn()
+        return out, (time.perf_counter() - t0) * 1000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    out = fn()
+    end.record()
+    end.synchronize()
+    return out, start.elapsed_time(end)
+
+
+def _failure(error: RuntimeError, name: str = "") -> str:
+    """Says what a timed call raised (out of memory, or a backend refusing the shapes) and
+    returns it as a Run's error."""
+    kind = "out of memory" if isinstance(error, torch.OutOfMemoryError) else "error"
+    print(f"  {name + ': ' if name else ''}{kind}: {str(error)[:300]}", flush=True)
+    return f"{kind}: {str(error)[:200]}"
 
 
 def timed_in_turns(fns: dict[str, Callable[[], torch.Tensor]], repeats: int,
@@ -220,9 +230,7 @@ def timed_in_turns(fns: dict[str, Callable[[], torch.Tensor]], repeats: int,
     befores = {}
 
     def fail(name, error):
-        kind = "out of memory" if isinstance(error, torch.OutOfMemoryError) else "error"
-        print(f"  {name}: {kind}: {str(error)[:300]}", flush=True)
-        errors[name] = f"{kind}: {str(error)[:200]}"
+        errors[name] = _failure(error, name)
         outs[name] = None
         free_memory()
 
@@ -242,23 +250,16 @@ def timed_in_turns(fns: dict[str, Callable[[], torch.Tensor]], repeats: int,
                 if name in errors:
                     continue
                 try:
-                    if not cuda:
-                        t0 = time.perf_counter()
-                        fn()
-                        times[name].append((time.perf_counter() - t0) * 1000)
-                        continue
-                    before = torch.cuda.memory_allocated()
-                    befores.setdefault(name, before)
-                    torch.cuda.reset_peak_memory_stats()
-                    start, end = (torch.cuda.Event(enable_timing=True),
-                                  torch.cuda.Event(enable_timing=True))
-                    start.record()
-                    out = fn()
-                    end.record()
-                    end.synchronize()
+                    if cuda:
+                        before = torch.cuda.memory_allocated()
+                        befores.setdefault(name, before)
+                        torch.cuda.reset_peak_memory_stats()
+                    out, ms = _call_ms(fn, cuda)
                     del out
-                    times[name].append(start.elapsed_time(end))
-                    peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated() - before)
+                    times[name].append(ms)
+                    if cuda:
+                        peaks[name] = max(peaks[name],
+                                          torch.cuda.max_memory_allocated() - before)
                 except RuntimeError as error:
                     fail(name, error)
     return {name: (outs.get(name), Run(times[name] if name not in errors else [],

@@ -94,14 +94,25 @@ class LoraLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active_terms():
             return self.base(x)
-        rows = x.numel() // self.in_features
-        if merges_per_call(rows, self.in_features, self.out_features):
-            weight = self._dense_weight(x)
-            if weight is not None:
-                bias = self.bias
-                return F.linear(x, self._summed(weight[0], weight[1]),
-                                None if bias is None else bias.to(x.dtype))
+        merged = self.merged_weights(x)
+        if merged is not None:
+            return F.linear(x, *merged)
         return self.lora_delta(x, self.base(x))
+
+    def merged_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(the summed weight, the effective bias) in x's dtype where this call would form the
+        summed weight (forward's first way), else None: for a caller that multiplies them
+        itself (the FFN's product with its GELU in the epilogue, wan/glue.py)."""
+        if not self.active_terms():
+            return None
+        rows = x.numel() // self.in_features
+        if not merges_per_call(rows, self.in_features, self.out_features):
+            return None
+        weight = self._dense_weight(x)
+        if weight is None:
+            return None
+        bias = self.bias
+        return self._summed(weight[0], weight[1]), None if bias is None else bias.to(x.dtype)
 
     def _dense_weight(self, x: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
         """(the weight the base multiplies x by, whether it is a fresh tensor) or None."""

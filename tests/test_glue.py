@@ -158,14 +158,15 @@ def test_a_row_is_held_as_few_power_of_two_parts():
 def test_the_fused_ffn_product_is_only_offered_where_cublaslt_computes_it():
     layer, gelu = torch.nn.Linear(8, 16).bfloat16(), torch.nn.GELU(approximate="tanh")
     h = torch.randn(3, 8).bfloat16()
-    assert not glue.linear_gelu_fusable(layer, gelu, h)  # the CPU
+    assert glue.gelu_product_weights(layer, gelu, h) is None  # the CPU
     if torch.cuda.is_available():
         cuda_layer, cuda_h = layer.cuda(), h.cuda()
-        assert glue.linear_gelu_fusable(cuda_layer, gelu, cuda_h)
-        assert not glue.linear_gelu_fusable(cuda_layer, torch.nn.GELU(), cuda_h)  # exact GELU
-        assert not glue.linear_gelu_fusable(cuda_layer, gelu, cuda_h.float())
+        weight, bias = glue.gelu_product_weights(cuda_layer, gelu, cuda_h)
+        assert weight is cuda_layer.weight and bias is cuda_layer.bias
+        assert glue.gelu_product_weights(cuda_layer, torch.nn.GELU(), cuda_h) is None  # exact
+        assert glue.gelu_product_weights(cuda_layer, gelu, cuda_h.float()) is None
         no_bias = torch.nn.Linear(8, 16, bias=False).bfloat16().cuda()
-        assert not glue.linear_gelu_fusable(no_bias, gelu, cuda_h)
+        assert glue.gelu_product_weights(no_bias, gelu, cuda_h) is None
 
 
 @pytest.mark.gpu
@@ -177,15 +178,14 @@ def test_the_ffn_product_with_its_gelu_in_the_epilogue_is_closer_to_float32():
     layer = torch.nn.Linear(3072, 14336).cuda().bfloat16().requires_grad_(False)
     h = torch.randn(2, 300, 3072, device="cuda").bfloat16()
     gelu = torch.nn.GELU(approximate="tanh")
-    assert glue.linear_gelu_fusable(layer, gelu, h)
-    fused = glue.linear_gelu(layer, h)
+    fused = glue.linear_gelu(h, *glue.gelu_product_weights(layer, gelu, h))
     unfused = gelu(layer(h))
     exact = torch.nn.functional.gelu(torch.nn.functional.linear(
         h.float(), layer.weight.float(), layer.bias.float()), approximate="tanh")
     assert fused.shape == unfused.shape == (2, 300, 14336) and fused.dtype == torch.bfloat16
     assert _rel(fused, exact) < 3e-3
     assert _rel(fused, exact) <= _rel(unfused, exact)
-    compiled = torch.compile(glue.linear_gelu)(layer, h)
+    compiled = torch.compile(glue.linear_gelu)(h, layer.weight, layer.bias)
     torch.testing.assert_close(compiled, fused, rtol=0, atol=0)
 
 

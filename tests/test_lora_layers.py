@@ -81,6 +81,27 @@ def test_dense_layer_both_paths_equal_the_formula(rows):
     assert torch.equal(base.weight, before)  # the summed weight is a temporary
 
 
+def test_merged_weights_are_what_the_summed_path_multiplies_by():
+    """merged_weights (for a caller that multiplies them itself: the FFN's product with its
+    GELU in the epilogue) is the summed weight and bias of the formula where a call would merge,
+    and None where it would not: few rows, or no term at full strength."""
+    base = nn.Linear(IN, OUT).requires_grad_(False)
+    chosen = terms()
+    layer = wrapped(base, chosen)
+    x = torch.randn(MANY, IN, generator=torch.Generator().manual_seed(6))
+    weight, bias = layer.merged_weights(x)
+    eye = torch.eye(IN, dtype=torch.float64)
+    summed = expected(torch.zeros(IN, OUT, dtype=torch.float64), eye, [
+        c for c in chosen if c[0] != "bias_diff"]).t() + base.weight.double()
+    assert relative(weight, summed) < 1e-6
+    assert relative(bias, base.bias.double() + 2.0 * chosen[3][1][0].double()) < 1e-6
+    assert relative(torch.nn.functional.linear(x, weight, bias),
+                    expected(base(x), x, chosen)) < 1e-6
+    assert layer.merged_weights(x[:FEW]) is None
+    idle = wrapped(nn.Linear(IN, OUT), [(k, t, 0.0) for k, t, _ in chosen])
+    assert idle.merged_weights(x) is None
+
+
 @pytest.mark.parametrize("rows", [FEW, MANY])
 def test_a_zero_strength_term_is_skipped_in_both_paths(rows):
     base = nn.Linear(IN, OUT).requires_grad_(False)
@@ -147,3 +168,31 @@ def test_on_the_gpu(weights):
     out = layer(x.bfloat16())
     assert relative(out, reference) < (0.01 if weights == "bf16" else 0.05)
     assert relative(base(x.bfloat16()), reference) > 0.1
+
+
+@pytest.mark.gpu
+def test_a_loras_ffn_takes_the_gelu_into_its_product():
+    """A LoRA'd bf16 FFN (the summed weight per call) runs its first product with the GELU in
+    the epilogue, as a plain one does: closer to float32 than the product, its rounding, then
+    the GELU."""
+    from wan_enhanced.wan import glue
+    from wan_enhanced.wan.dit import feed_forward
+
+    torch.manual_seed(0)
+    ffn = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(approximate="tanh"),
+                        nn.Linear(4096, 1024)).cuda().bfloat16().requires_grad_(False)
+    gen = torch.Generator("cuda").manual_seed(3)
+    down = torch.randn(32, 1024, device="cuda", generator=gen) / 32
+    up = torch.randn(4096, 32, device="cuda", generator=gen) / 8
+    ffn[0] = wrapped(ffn[0], [("low_rank", (down.bfloat16(), up.bfloat16()), 0.8)])
+    h = torch.randn(4096, 1024, device="cuda", generator=gen).bfloat16()
+    weight, bias = glue.gelu_product_weights(ffn[0], ffn[1], h)
+    first = ffn[0].base
+    exact_weight = first.weight.double() + 0.8 * up.bfloat16().double() @ down.bfloat16().double()
+    hidden = torch.nn.functional.gelu(h.double() @ exact_weight.t() + first.bias.double(),
+                                      approximate="tanh")
+    exact = hidden.to(torch.bfloat16).double() @ ffn[2].weight.double().t() + ffn[2].bias.double()
+    fused = feed_forward(ffn, h)
+    unfused = ffn[2](ffn[1](ffn[0](h)))
+    assert torch.equal(fused, ffn[2](glue.linear_gelu(h, weight, bias)))
+    assert relative(fused, exact) <= relative(unfused, exact) < 0.01

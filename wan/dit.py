@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .attention import get_backend
 from .configs import DiTConfig
-from .glue import (add_gated_, layer_norm, linear_gelu, linear_gelu_fusable, modulate, norm_affine,
+from .glue import (add_gated_, gelu_product_weights, layer_norm, linear_gelu, modulate, norm_affine,
                    norm_modulate, rms_norm_heads)
 from .rope import RotaryTable
 
@@ -278,12 +278,14 @@ def feed_forward(ffn: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
     """Linear, tanh-GELU, linear. A second layer that can take the GELU into its input step
     (fp8 matmuls: quant/linear.py gelu_forward) does, and then takes the first layer's bias
     too when the first one runs an fp8 matmul; otherwise a plain 16-bit first layer on a GPU
-    takes the GELU into its product's epilogue (glue.linear_gelu)."""
+    takes the GELU into its product's epilogue (glue.linear_gelu), also with its LoRA terms
+    summed into the weight for the call."""
     first, act, second = ffn
     gelu_forward = getattr(second, "gelu_forward", None)
     if gelu_forward is None:
-        if linear_gelu_fusable(first, act, h):
-            return second(linear_gelu(first, h))
+        weights = gelu_product_weights(first, act, h)
+        if weights is not None:
+            return second(linear_gelu(h, *weights))
         return second(act(first(h)))
     fp8_first = getattr(first, "runs_fp8_matmul", None)
     if fp8_first is not None and fp8_first(h.device):

@@ -173,24 +173,36 @@ RMS_NORM_ROPE = kernel_operator("wan_enhanced_glue::rms_norm_rope", _rms_norm_ro
 
 # -- the FFN's first layer and its GELU in one matrix product -----------------------------------
 
-def linear_gelu_fusable(layer: torch.nn.Module, act: torch.nn.Module, h: torch.Tensor) -> bool:
-    """Whether linear_gelu can stand for act(layer(h)): a plain linear layer with a bias in h's
-    16-bit dtype on an NVIDIA GPU, followed by the tanh GELU (the one cuBLASLt's epilogue
-    computes). Quantized or LoRA'd layers have their own forward and keep it."""
-    return (type(layer) is torch.nn.Linear and layer.bias is not None
-            and isinstance(act, torch.nn.GELU) and act.approximate == "tanh"
-            and h.is_cuda and torch.version.hip is None
-            and h.dtype in (torch.bfloat16, torch.float16)
-            and layer.weight.dtype == layer.bias.dtype == h.dtype)
+def gelu_product_weights(layer: torch.nn.Module, act: torch.nn.Module,
+                         h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (weight, bias) with which linear_gelu stands for act(layer(h)), or None: the tanh
+    GELU (the one cuBLASLt's epilogue computes) after a layer with a bias in h's 16-bit dtype on
+    an NVIDIA GPU, where the layer is a plain linear one or one that forms a summed weight for
+    this call (a LoRA'd linear layer: its `merged_weights(h)`). Quantized layers have their own
+    forward and keep it."""
+    if not (isinstance(act, torch.nn.GELU) and act.approximate == "tanh" and h.is_cuda
+            and torch.version.hip is None and h.dtype in (torch.bfloat16, torch.float16)):
+        return None
+    if type(layer) is torch.nn.Linear:
+        weights = layer.weight, layer.bias
+    else:
+        merged = getattr(layer, "merged_weights", None)
+        weights = None if merged is None else merged(h)
+        if weights is None:
+            return None
+    weight, bias = weights
+    if bias is None or weight.dtype != h.dtype or bias.dtype != h.dtype:
+        return None
+    return weight, bias
 
 
-def linear_gelu(layer: torch.nn.Linear, h: torch.Tensor) -> torch.Tensor:
+def linear_gelu(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """tanh-GELU(h W^T + b) as one cuBLASLt product whose epilogue adds the bias and applies the
     GELU in float32 before the one rounding (torch._addmm_activation): no pass of its own over the
     hidden activation (H100, 5B 720p: 27280 x 14336, 0.56 ms a block). Also inside compiled
     graphs, as an operator of its own (torch.compile would split it into the product and a
-    GELU kernel again). Callers check linear_gelu_fusable."""
-    return LINEAR_GELU(h, layer.weight, layer.bias)
+    GELU kernel again). Callers take weight and bias from gelu_product_weights."""
+    return LINEAR_GELU(h, weight, bias)
 
 
 def _linear_gelu_launch(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

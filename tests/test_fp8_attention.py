@@ -195,6 +195,31 @@ def _cuda_fp8_or_skip():
 
 
 @pytest.mark.gpu
+def test_fp8_values_are_stored_in_the_operand_key_order():
+    """vt's fp8 codes hold, in each 32 columns, key 16h + 8a + 2q + b at column 16h + 4q + 2a + b
+    (fp8_attention_kernels.key_order; the bf16 layout keeps the keys in order); padding keys
+    are zeros wherever they land."""
+    _cuda_fp8_or_skip()
+    q, k, _ = _qkv(300, heads=2, seed=8, device="cuda")
+    # values that are fp8 codes times 1/16, each channel reaching 448 / 16: the channel scales
+    # are 1/16 and the codes come back exactly, however the kernel rounds its division
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    codes = (torch.randn(1, 300, 2, 128, device="cuda", generator=gen) * 100).clamp(-448, 448)
+    codes = codes.to(torch.float8_e4m3fn).float()
+    codes[0, 7] = 448.0
+    v = (codes / 16).to(torch.bfloat16)
+    ops = fa.quantize_only(q, k, v)
+    assert torch.equal(ops.v_scale, torch.full_like(ops.v_scale, 1 / 16))
+    lp = ops.vt.shape[-1]
+    in_order = F.pad(codes[0].transpose(0, 1), (0, 0, 0, lp - 300)).transpose(1, 2)  # [2, D, Lp]
+    within = torch.arange(32).view(2, 2, 4, 2).permute(0, 2, 1, 3).flatten()
+    keys = (torch.arange(lp) // 32 * 32 + within.repeat(lp // 32)).cuda()
+    assert torch.equal(ops.vt.float(), in_order[..., keys])
+    bf16 = fa.quantize_only(q, k, v, pv_fp8=False)
+    assert torch.equal(bf16.vt[..., :300], v[0].transpose(0, 1).transpose(1, 2))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("length", [1024, 1500, 4097])
 def test_kernel_matches_its_pytorch_statement(length):
     """Every output element written (poisoned first). With P and V in bf16 the kernel equals

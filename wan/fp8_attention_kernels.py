@@ -6,7 +6,8 @@ Imported only where Triton is installed. Layouts (bh = batch * heads + head):
   k8  int8 [BH, Lp, D]       the keys minus their mean over tokens, one scale per K_BLOCK
                              tokens (ks [BH, Lp / K_BLOCK])
   vt  fp8 e4m3 [BH, D, Lp]   values transposed (the layout fp8 tensor-core products take for
-                             the P x V operand), one scale per channel (vs [BH, D])
+                             the P x V operand), one scale per channel (vs [BH, D]); the keys
+                             of each 32 in the operand order (key_order; bf16 vt: in order)
 Lp (LQp) is L (LQ) rounded up to K_BLOCK; the rows (columns of vt) past L are zeros. The output
 is written straight into the caller's [B, LQ, H, D] layout.
 """
@@ -21,6 +22,19 @@ INT8_MAX = tl.constexpr(127.0)
 K_BLOCK = tl.constexpr(128)  # tokens per key scale, and the autotuned configurations' BLOCK_N
 # probabilities (0..1) are multiplied by 448 (= 2^P_LOG2) before their fp8 cast
 P_LOG2 = tl.constexpr(8.807354922057604)
+
+
+@triton.jit
+def key_order(x):
+    """x [rows, n] (n a multiple of 32) with each 32 columns in the P V operand's order: column
+    16h + 4q + 2a + b takes column 16h + 8a + 2q + b. The scores' accumulator gives a thread the
+    columns 2q, 2q + 1, 8 + 2q, 9 + 2q (and 16 more) of each 32; the fp8 operand wants a thread's
+    four bytes to be adjacent keys. With P's columns and V's keys in this order, P becomes the
+    operand in the registers that hold it (no shuffles); P V is the same sum over keys."""
+    rows: tl.constexpr = x.shape[0]
+    cols: tl.constexpr = x.shape[1]
+    x = tl.reshape(x, [rows, cols // 32, 2, 2, 4, 2])
+    return tl.reshape(tl.permute(x, (0, 1, 2, 4, 3, 5)), [rows, cols])
 
 
 @triton.jit
@@ -74,11 +88,13 @@ def quantize_k_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, s
 @triton.jit
 def quantize_vt_kernel(x_ptr, scale_ptr, out_ptr, L, Lp, H, stride_b, stride_l, stride_h,
                        BLOCK: tl.constexpr, D: tl.constexpr):
-    """Values divided by their channel scale, written transposed [D, Lp] in out's dtype (fp8;
-    bf16 with scales of 1 for the bf16 P V product)."""
+    """Values divided by their channel scale, written transposed [D, Lp] in out's dtype (fp8,
+    each 32 keys in key_order; bf16 in order, with scales of 1, for the bf16 P V product)."""
     pid, bh, rows, cols, x = _head_block(x_ptr, L, H, stride_b, stride_l, stride_h, BLOCK, D)
     scale = tl.load(scale_ptr + bh.to(tl.int64) * D + cols)
     codes = tl.trans((x / scale[None, :]).to(out_ptr.dtype.element_ty))
+    if out_ptr.dtype.element_ty == tl.float8e4nv:
+        codes = key_order(codes)
     tl.store(out_ptr + bh.to(tl.int64) * D * Lp + cols[:, None] * Lp + rows[None, :], codes)
 
 
@@ -124,8 +140,8 @@ def _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, start_n, L, Lp
     # tensor cores: Hopper's fp8 products accumulate with fewer bits than float32, and over
     # tens of thousands of keys the output of values with a large mean drifts (a GPU test);
     # centring the values first does not save it (bench/results/2026-11-25-h100-kernel-pipelining)
-    if PV_FP8:
-        pv = tl.dot(p.to(tl.float8e4nv), tl.trans(vt))
+    if PV_FP8:  # vt's keys are in key_order
+        pv = tl.dot(key_order(p.to(tl.float8e4nv)), tl.trans(vt))
     else:
         pv = tl.dot(p.to(vt.dtype), tl.trans(vt))
     acc = acc * alpha[:, None] + pv

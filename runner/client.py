@@ -119,6 +119,7 @@ class Client:
         handlers = [urllib.request.ProxyHandler({})] if host in LOOPBACK else []
         self._opener = urllib.request.build_opener(*handlers)
         self._object_info: dict | None = None
+        self.in_flight: str | None = None  # the prompt run() follows (another thread may read it)
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -187,9 +188,6 @@ class Client:
         entry = reply.get(prompt_id) if isinstance(reply, Mapping) else None
         return entry if isinstance(entry, dict) else None
 
-    def interrupt(self, prompt_id: str | None = None) -> None:
-        self._call("POST", "/interrupt", {"prompt_id": prompt_id} if prompt_id else {})
-
     def cancel(self, prompt_id: str) -> None:
         """Remove the prompt if it is still queued, and stop it if it is running (both are sent
         whatever the first answers; a prompt the server does not know is left alone)."""
@@ -199,6 +197,15 @@ class Client:
                 self._call(method, path, body, timeout=min(self.timeout, CANCEL_TIMEOUT_S))
             except ServerError as exc:
                 self.log(f"warning: {exc}")
+
+    def cancel_in_flight(self) -> str | None:
+        """cancel() the prompt that run() is following, from another thread (the several-server
+        runner's main thread on Ctrl-C or SIGTERM): that prompt only, not whatever else the
+        server runs or has queued. Its id, or None when no run is in flight."""
+        prompt_id = self.in_flight
+        if prompt_id is not None:
+            self.cancel(prompt_id)
+        return prompt_id
 
     def download_outputs(self, outputs: Mapping[str, Mapping], out_dir: str | Path) -> list[Path]:
         return [self.download(entry, out_dir) for entry in ui_file_entries(outputs)]
@@ -257,6 +264,7 @@ class Client:
         prompt_id = str(uuid.uuid4())
         with FirstStopRaises():  # takes nothing inside the runner's own (stop_signals)
             ws = self._connect()
+            self.in_flight = prompt_id
             try:
                 try:
                     self.submit(workflow, prompt_id=prompt_id)
@@ -266,6 +274,7 @@ class Client:
                     raise RemoteInterrupted(prompt_id, f"interrupted: asked {self.base} to "
                                                        f"stop prompt {prompt_id}") from None
             finally:
+                self.in_flight = None
                 if ws is not None:
                     _close_quietly(ws)
         _raise_if_failed(prompt_id, entry)

@@ -9,11 +9,12 @@ with the same or another set of servers skips what any of them finished.
 
 A server that stops answering is dropped: its job goes back to the others (at most once per
 server), and the run goes on while one server is left. A workflow a server rejects stops the
-run (exit 2). Ctrl-C or `kill` (SIGTERM) stops dispatching, asks every server to interrupt its
-prompt, records those jobs as interrupted and ends with exit 1; further signals meanwhile are
-counted and ignored, so the servers' answers and the results lines are waited for. A process that
-started with SIGINT ignored (a background job) keeps ignoring it, SIGTERM still stops it (see
-stop_signals).
+run (exit 2). Ctrl-C or `kill` (SIGTERM) stops dispatching, asks every server to take our prompt
+off its queue or interrupt it (that prompt only, by its id: a shared server keeps running other
+users' prompts), records those jobs as interrupted and ends with exit 1; further signals
+meanwhile are counted and ignored, so the servers' answers and the results lines are waited for.
+A process that started with SIGINT ignored (a background job) keeps ignoring it, SIGTERM still
+stops it (see stop_signals).
 """
 
 from __future__ import annotations
@@ -151,12 +152,11 @@ class _Pool:
             self.stop.set()
 
     def interrupt_all(self) -> None:
+        """No more jobs; each server's prompt of ours leaves its queue or stops (only ours:
+        a server shared with others keeps running their prompts)."""
         self.stop.set()
         for client in self.clients:
-            try:
-                client.interrupt()
-            except ServerError:
-                pass
+            client.cancel_in_flight()
 
 
 def run_on_servers(clients: list[Client], jobs: list[SweepJob], total: int, out: str | Path,

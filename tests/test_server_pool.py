@@ -122,6 +122,16 @@ def test_server_lists_and_scopes():
     assert job_scope("o", "http://a:1") != job_scope("o", "http://a:1,http://b:2")
 
 
+def _assert_each_server_cancelled_only_our_prompt(servers):
+    """Each server was asked to drop and to interrupt the prompt we posted to it, by its id: an
+    interrupt without one would stop whatever the server runs, another user's prompt too."""
+    for server in servers:
+        ours = [p["prompt_id"] for p in server.posted("/prompt")]
+        assert len(ours) == 1
+        assert server.posted("/queue") == [{"delete": ours}]
+        assert server.posted("/interrupt") == [{"prompt_id": ours[0]}]
+
+
 def test_ctrl_c_interrupts_every_server(sweep_files, interactive_sigint, capsys):
     import os
     import signal
@@ -135,6 +145,7 @@ def test_ctrl_c_interrupts_every_server(sweep_files, interactive_sigint, capsys)
                          str(out), "--sweep", str(sweep), "--quiet"])
         timer.join()
         assert all(s.interrupted.is_set() for s in (a, b))
+        _assert_each_server_cancelled_only_our_prompt((a, b))
     assert code == 1
     lines = _lines(results)
     assert [line["status"] for line in lines] == ["interrupted", "interrupted"]
@@ -199,6 +210,7 @@ def test_sigterm_interrupts_every_server_also_where_sigint_was_ignored_at_start(
         sender.join()
         interrupted = [s.interrupted.is_set() for s in (a, b)]
         prompts = sum(len(s.posted("/prompt")) for s in (a, b))
+        _assert_each_server_cancelled_only_our_prompt((a, b))
     err = capsys.readouterr().err
     assert code == 1, err
     assert interrupted == [True, True] and prompts == 2

@@ -232,6 +232,13 @@ class FakeComfyUI:
                 self.end_headers()
                 self.wfile.flush()
                 outbox = server.sockets.setdefault(client_id, queue.Queue())
+                try:
+                    self.serve_websocket(client_id, outbox)
+                except ConnectionError:  # the client hung up first (a cancelled run): no error
+                    pass
+                self.close_connection = True
+
+            def serve_websocket(self, client_id: str, outbox: queue.Queue):
                 self.frame(1, json.dumps({"type": "status", "data": {
                     "status": {"exec_info": {"queue_remaining": 0}}, "sid": client_id}}).encode())
                 while not server.stopping.is_set():
@@ -251,7 +258,6 @@ class FakeComfyUI:
                         self.frame(1, json.dumps(payload).encode())
                     else:
                         self.frame(2, payload)
-                self.close_connection = True
 
             def frame(self, opcode: int, payload: bytes):
                 """An unmasked, unfragmented server frame (RFC 6455 section 5.2)."""

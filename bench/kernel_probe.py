@@ -3,7 +3,7 @@ compiler made of it: registers, local-memory spills, and how the tensor-core pro
 waited for.
 
     python bench/kernel_probe.py [--config 64 128 4 3 ...] [--hopper | --hopper-bf16]
-                                 [--sass FILE]
+                                 [--sass FILE] [--loops]
 
 Needs Triton (the ptxas and cuobjdump it is set to use), not a GPU. Per configuration (BLOCK_M
 BLOCK_N num_warps num_stages) it prints the registers per thread, the spill stores and loads in the
@@ -11,12 +11,15 @@ SASS, the number of wgmma instructions, and the pending count of every `wgmma.wa
 the PTX: all zeros means every product is waited for right after it is issued, so within one
 warp group the softmax never overlaps the tensor cores. --hopper probes the Hopper kernel
 (wan/fp8_attention_hopper.py) and says whether ptxas serializes its products; --hopper-bf16
-the same of the exact Hopper kernel (wan/bf16_attention_hopper.py).
+the same of the exact Hopper kernel (wan/bf16_attention_hopper.py). --loops prints, for each
+innermost loop of the SASS of at least 200 instructions (the consumers' per-block loops), its
+length and its instructions by opcode: what one block of keys costs a thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import re
 import subprocess
 import sys
@@ -151,6 +154,44 @@ def report(kernel) -> tuple[dict, str]:
                                                          ptx)]}, sass
 
 
+_SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRANCH_TARGET = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
+
+
+def sass_loops(sass: str, shortest: int = 200) -> list[dict]:
+    """The innermost loops of a cuobjdump SASS listing: each predicated backward branch closes
+    one, from its target to itself (the unpredicated ones jump back from code out of line, such
+    as an mbarrier wait's retry). Per loop of at least `shortest` instructions: its first and last address,
+    its length and its opcodes counted (predicates and modifiers dropped: `@!P0 MUFU.EX2` counts
+    as MUFU), most frequent first."""
+    instructions = [(int(m.group(1), 16), m.group(2)) for m in map(_SASS_LINE.match,
+                                                                  sass.splitlines()) if m]
+    index = {address: i for i, (address, _) in enumerate(instructions)}
+    loops = []
+    for end, (address, text) in enumerate(instructions):
+        target = _BRANCH_TARGET.search(text)
+        if not text.startswith("@") or target is None or int(target.group(1), 16) >= address:
+            continue
+        start = index.get(int(target.group(1), 16))
+        if start is None or end - start + 1 < shortest:
+            continue
+        opcodes = collections.Counter(
+            re.sub(r"^@!?U?P\w+\s+", "", body).split()[0].split(".")[0]
+            for _, body in instructions[start:end + 1])
+        loops.append({"start": instructions[start][0], "end": address,
+                      "instructions": end - start + 1, "opcodes": dict(opcodes.most_common())})
+    return [loop for loop in loops
+            if not any(other is not loop and loop["start"] <= other["start"]
+                       and other["end"] <= loop["end"] for other in loops)]
+
+
+def print_loops(sass: str) -> None:
+    for loop in sass_loops(sass):
+        counts = ", ".join(f"{op} {n}" for op, n in loop["opcodes"].items())
+        print(f"  loop {loop['start']:#x}-{loop['end']:#x}: {loop['instructions']} "
+              f"instructions: {counts}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", nargs=4, type=int, action="append",
@@ -160,6 +201,8 @@ def main(argv=None) -> int:
                         help="the Hopper kernel (fp8_attention_hopper.py) instead")
     parser.add_argument("--hopper-bf16", action="store_true",
                         help="the exact Hopper kernel (bf16_attention_hopper.py) instead")
+    parser.add_argument("--loops", action="store_true",
+                        help="each long loop's instructions by opcode (per block of keys)")
     args = parser.parse_args(argv)
     try:
         import triton  # noqa: F401
@@ -171,12 +214,16 @@ def main(argv=None) -> int:
         facts, sass = report(kernel)
         facts["serialized"] = serialized(kernel)
         print(f"{'hopper' if args.hopper else 'bf16 hopper'} kernel: {facts}")
+        if args.loops:
+            print_loops(sass)
         if args.sass is not None:
             args.sass.write_text(sass)
         return 0
     for index, config in enumerate(args.config or DEFAULT_CONFIGS):
         facts, sass = report(compile_for_sm90(*config))
         print(f"{'x'.join(map(str, config[:2]))} warps {config[2]} stages {config[3]}: {facts}")
+        if args.loops:
+            print_loops(sass)
         if index == 0 and args.sass is not None:
             args.sass.write_text(sass)
     return 0

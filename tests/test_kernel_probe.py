@@ -39,3 +39,29 @@ def test_the_probe_uses_the_ptxas_triton_is_pointed_at(tmp_path, monkeypatch):
     message = str(error.value)
     assert str(tool) in message and "exit 255" in message
     assert "Unsupported .version 9.0" in message
+
+
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x00000a0000017a02 */
+        /*0010*/                   IADD3 R2, R1, 0x1, RZ ;                /* 0x0000000101027810 */
+        /*0020*/                   MUFU.EX2 R3, R2 ;                      /* 0x0000000200037308 */
+        /*0030*/              @!P0 MUFU.EX2 R4, R2 ;                      /* 0x0000000200048308 */
+        /*0040*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R5 ;
+        /*0050*/              @!P1 BRA 0x0090 ;                           /* 0x0000000000009947 */
+        /*0060*/                   FFMA R5, R3, R4, R5 ;                  /* 0x0000000403057223 */
+        /*0070*/               @P2 BRA 0x0010 ;                           /* 0xfffffffc00002947 */
+        /*0080*/                   EXIT ;                                 /* 0x000000000000794d */
+        /*0090*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R5 ;
+        /*00a0*/                   BRA 0x0040 ;                           /* 0xffffffe400007947 */
+"""
+
+
+def test_the_probe_counts_each_loops_instructions():
+    """The loop closed by the predicated backward branch, its opcodes without predicates or
+    modifiers; the retry stub's unpredicated jump back is no loop."""
+    from wan_enhanced.bench.kernel_probe import sass_loops
+
+    (loop,) = sass_loops(SASS, shortest=3)
+    assert (loop["start"], loop["end"], loop["instructions"]) == (0x10, 0x70, 7)
+    assert loop["opcodes"] == {"MUFU": 2, "BRA": 2, "IADD3": 1, "SYNCS": 1, "FFMA": 1}
+    assert sass_loops(SASS, shortest=8) == []

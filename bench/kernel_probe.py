@@ -1,9 +1,9 @@
-"""Compile the fp8 attention kernel for a Hopper GPU (sm_90) without one, and report what the
-compiler made of it: registers, local-memory spills, and how the tensor-core products are
+"""Compile the fp8 attention kernel for a Hopper GPU (sm_90), or the portable one for Ada
+(sm_89, --sm 89), without one, and report what the compiler made of it: registers, local-memory spills, and how the tensor-core products are
 waited for.
 
     python bench/kernel_probe.py [--config 64 128 4 3 ...] [--hopper | --hopper-bf16]
-                                 [--sass FILE] [--loops]
+                                 [--sass FILE] [--loops] [--sm 89|90]
 
 Needs Triton (the ptxas and cuobjdump it is set to use), not a GPU. Per configuration (BLOCK_M
 BLOCK_N num_warps num_stages) it prints the registers per thread, the spill stores and loads in the
@@ -31,7 +31,10 @@ POINTERS = {"q_ptr": "*i8", "k_ptr": "*i8", "vt_ptr": "*fp8e4nv", "qs_ptr": "*fp
 DEFAULT_CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3))
 
 
-def compile_for_sm90(block_m: int, block_n: int, warps: int, stages: int, pv_fp8: bool = True):
+def compile_for_sm90(block_m: int, block_n: int, warps: int, stages: int, pv_fp8: bool = True,
+                     capability: int = 90):
+    """The portable kernel in one configuration, for sm_90 (or `capability`: 89 for Ada, whose
+    products are mma.sync, not wgmma)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -49,7 +52,7 @@ def compile_for_sm90(block_m: int, block_n: int, warps: int, stages: int, pv_fp8
     aligned = [name for name in fn.arg_names if name not in constants and name != "H"]
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": warps, "num_stages": stages})
 
 
@@ -159,18 +162,20 @@ _BRANCH_TARGET = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
 
 
 def sass_loops(sass: str, shortest: int = 200) -> list[dict]:
-    """The innermost loops of a cuobjdump SASS listing: each predicated backward branch closes
-    one, from its target to itself (the unpredicated ones jump back from code out of line, such
-    as an mbarrier wait's retry). Per loop of at least `shortest` instructions: its first and last address,
+    """The innermost loops of a cuobjdump SASS listing: each backward branch closes one, from its
+    target to itself, but those after the last EXIT (code out of line, such as an mbarrier
+    wait's retry, jumping back). Per loop of at least `shortest` instructions: its first and last address,
     its length and its opcodes counted (predicates and modifiers dropped: `@!P0 MUFU.EX2` counts
     as MUFU), most frequent first."""
     instructions = [(int(m.group(1), 16), m.group(2)) for m in map(_SASS_LINE.match,
                                                                   sass.splitlines()) if m]
     index = {address: i for i, (address, _) in enumerate(instructions)}
+    exits = [address for address, text in instructions if text.split()[-1] == "EXIT"]
+    last_exit = exits[-1] if exits else float("inf")
     loops = []
     for end, (address, text) in enumerate(instructions):
         target = _BRANCH_TARGET.search(text)
-        if not text.startswith("@") or target is None or int(target.group(1), 16) >= address:
+        if address > last_exit or target is None or int(target.group(1), 16) >= address:
             continue
         start = index.get(int(target.group(1), 16))
         if start is None or end - start + 1 < shortest:
@@ -201,6 +206,8 @@ def main(argv=None) -> int:
                         help="the Hopper kernel (fp8_attention_hopper.py) instead")
     parser.add_argument("--hopper-bf16", action="store_true",
                         help="the exact Hopper kernel (bf16_attention_hopper.py) instead")
+    parser.add_argument("--sm", type=int, default=90, choices=(89, 90),
+                        help="the portable kernel's target: 90 (Hopper) or 89 (Ada)")
     parser.add_argument("--loops", action="store_true",
                         help="each long loop's instructions by opcode (per block of keys)")
     args = parser.parse_args(argv)
@@ -220,7 +227,7 @@ def main(argv=None) -> int:
             args.sass.write_text(sass)
         return 0
     for index, config in enumerate(args.config or DEFAULT_CONFIGS):
-        facts, sass = report(compile_for_sm90(*config))
+        facts, sass = report(compile_for_sm90(*config, capability=args.sm))
         print(f"{'x'.join(map(str, config[:2]))} warps {config[2]} stages {config[3]}: {facts}")
         if args.loops:
             print_loops(sass)

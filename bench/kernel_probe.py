@@ -1,6 +1,6 @@
 """Compile the fp8 attention kernel for a Hopper GPU (sm_90), or the portable one for Ada
-(sm_89, --sm 89), without one, and report what the compiler made of it: registers, local-memory spills, and how the tensor-core products are
-waited for.
+(sm_89, --sm 89), without one, and report what the compiler made of it: registers,
+local-memory spills, and how the tensor-core products are waited for.
 
     python bench/kernel_probe.py [--config 64 128 4 3 ...] [--hopper | --hopper-bf16]
                                  [--sass FILE] [--loops] [--sm 89|90]

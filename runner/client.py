@@ -120,6 +120,7 @@ class Client:
         self._opener = urllib.request.build_opener(*handlers)
         self._object_info: dict | None = None
         self.in_flight: str | None = None  # the prompt run() follows (another thread may read it)
+        self.stopped = False  # cancel_in_flight was called: run() posts nothing that stays queued
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -201,7 +202,9 @@ class Client:
     def cancel_in_flight(self) -> str | None:
         """cancel() the prompt that run() is following, from another thread (the several-server
         runner's main thread on Ctrl-C or SIGTERM): that prompt only, not whatever else the
-        server runs or has queued. Its id, or None when no run is in flight."""
+        server runs or has queued. Its id, or None when no run is in flight. A run whose prompt
+        is being posted meanwhile cancels it itself once it is posted."""
+        self.stopped = True
         prompt_id = self.in_flight
         if prompt_id is not None:
             self.cancel(prompt_id)
@@ -268,11 +271,11 @@ class Client:
             try:
                 try:
                     self.submit(workflow, prompt_id=prompt_id)
+                    if self.stopped:  # cancel_in_flight came while the prompt was being posted
+                        raise self._cancelled(prompt_id)
                     entry = self._wait(ws, prompt_id, _Tracker(workflow, on_event))
                 except KeyboardInterrupt:
-                    self.cancel(prompt_id)
-                    raise RemoteInterrupted(prompt_id, f"interrupted: asked {self.base} to "
-                                                       f"stop prompt {prompt_id}") from None
+                    raise self._cancelled(prompt_id) from None
             finally:
                 self.in_flight = None
                 if ws is not None:
@@ -284,6 +287,11 @@ class Client:
         status = (entry.get("status") or {}).get("status_str", "success")
         return ServerRunResult(prompt_id, outputs, [str(f) for f in files],
                                time.perf_counter() - started, status)
+
+    def _cancelled(self, prompt_id: str) -> RemoteInterrupted:
+        self.cancel(prompt_id)
+        return RemoteInterrupted(prompt_id, f"interrupted: asked {self.base} to stop prompt "
+                                            f"{prompt_id}")
 
     def _connect(self):
         try:

@@ -351,6 +351,56 @@ def test_ctrl_c_interrupts_the_prompt_on_the_server(tmp_path):
     assert f"asked {server.url} to stop prompt {prompt_id}" in str(excinfo.value)
 
 
+class SlowPromptComfyUI(FakeComfyUI):
+    """Answers POST /prompt only after `delay` seconds (the prompt is queued by then)."""
+
+    def __init__(self, delay: float):
+        super().__init__("success")
+        self.delay = delay
+
+    def _handler(self):
+        base = super()._handler()
+        server = self
+
+        class Handler(base):
+            def prompt(self, body):
+                time.sleep(server.delay)
+                server.log.append(("prompt answered", body["prompt_id"]))
+                return super().prompt(body)
+
+        return Handler
+
+
+def test_a_stop_while_the_prompt_is_being_posted_still_cancels_it(tmp_path):
+    """The several-server runner's main thread stops a worker's client (cancel_in_flight) while
+    the worker's POST /prompt is on the wire: the server has nothing to cancel yet, so the run
+    cancels the prompt itself once it is posted, instead of following it to the end."""
+    with SlowPromptComfyUI(delay=0.5) as server:
+        client = Client(server.url)
+        outcome = []
+
+        def run():
+            try:
+                outcome.append(client.run(WORKFLOW, tmp_path))
+            except RemoteInterrupted as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        deadline = time.time() + 10
+        while not server.posted("/prompt") and time.time() < deadline:
+            time.sleep(0.01)
+        client.cancel_in_flight()  # the prompt is not answered yet
+        worker.join(10)
+        log = list(server.log)
+    (result,) = outcome
+    assert isinstance(result, RemoteInterrupted)
+    answered = log.index(("prompt answered", result.prompt_id))
+    after = [entry[1:] for entry in log[answered:] if entry[0] == "POST"]
+    assert ("/queue", {"delete": [result.prompt_id]}) in after
+    assert ("/interrupt", {"prompt_id": result.prompt_id}) in after
+
+
 def test_a_partly_queued_prompt_is_a_rejection_and_is_taken_off_the_queue(tmp_path, capsys):
     """ComfyUI answers 200 with node_errors when some outputs pass validation and queues those
     alone: the client says what the server refused, removes the prompt, exits 2, records it."""

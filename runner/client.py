@@ -20,6 +20,7 @@ SIGINT ignored (a background job) keeps ignoring it, SIGTERM still stops it (see
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -119,8 +120,11 @@ class Client:
         handlers = [urllib.request.ProxyHandler({})] if host in LOOPBACK else []
         self._opener = urllib.request.build_opener(*handlers)
         self._object_info: dict | None = None
-        self.in_flight: str | None = None  # the prompt run() follows (another thread may read it)
-        self.stopped = False  # cancel_in_flight was called: run() posts nothing that stays queued
+        # the prompt run() follows, and whether cancel_in_flight was called (from another
+        # thread): both change under _flight, so a stop either finds the prompt or comes first
+        self.in_flight: str | None = None
+        self.stopped = False
+        self._flight = threading.Lock()
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -202,10 +206,13 @@ class Client:
     def cancel_in_flight(self) -> str | None:
         """cancel() the prompt that run() is following, from another thread (the several-server
         runner's main thread on Ctrl-C or SIGTERM): that prompt only, not whatever else the
-        server runs or has queued. Its id, or None when no run is in flight. A run whose prompt
-        is being posted meanwhile cancels it itself once it is posted."""
-        self.stopped = True
-        prompt_id = self.in_flight
+        server runs or has queued. Its id, or None when no run is in flight. From then on run()
+        posts nothing; a prompt being posted meanwhile is cancelled again by its run once it is
+        posted (the server may have queued it after this cancel), and a run that waits for one
+        (queued, so never to finish now) stops waiting."""
+        with self._flight:
+            self.stopped = True
+            prompt_id = self.in_flight
         if prompt_id is not None:
             self.cancel(prompt_id)
         return prompt_id
@@ -267,17 +274,24 @@ class Client:
         prompt_id = str(uuid.uuid4())
         with FirstStopRaises():  # takes nothing inside the runner's own (stop_signals)
             ws = self._connect()
-            self.in_flight = prompt_id
             try:
+                with self._flight:
+                    if self.stopped:
+                        raise RemoteInterrupted(prompt_id, "interrupted before the prompt was "
+                                                           "posted")
+                    self.in_flight = prompt_id
                 try:
                     self.submit(workflow, prompt_id=prompt_id)
                     if self.stopped:  # cancel_in_flight came while the prompt was being posted
-                        raise self._cancelled(prompt_id)
+                        self.cancel(prompt_id)
+                        raise self._interrupted(prompt_id)
                     entry = self._wait(ws, prompt_id, _Tracker(workflow, on_event))
                 except KeyboardInterrupt:
-                    raise self._cancelled(prompt_id) from None
+                    self.cancel(prompt_id)
+                    raise self._interrupted(prompt_id) from None
             finally:
-                self.in_flight = None
+                with self._flight:
+                    self.in_flight = None
                 if ws is not None:
                     _close_quietly(ws)
         _raise_if_failed(prompt_id, entry)
@@ -288,8 +302,7 @@ class Client:
         return ServerRunResult(prompt_id, outputs, [str(f) for f in files],
                                time.perf_counter() - started, status)
 
-    def _cancelled(self, prompt_id: str) -> RemoteInterrupted:
-        self.cancel(prompt_id)
+    def _interrupted(self, prompt_id: str) -> RemoteInterrupted:
         return RemoteInterrupted(prompt_id, f"interrupted: asked {self.base} to stop prompt "
                                             f"{prompt_id}")
 
@@ -314,6 +327,8 @@ class Client:
     def _wait(self, ws, prompt_id: str, tracker: "_Tracker") -> dict:
         last_poll = time.monotonic()
         while True:
+            if self.stopped:  # cancel_in_flight cancelled this prompt (it may never run now)
+                raise self._interrupted(prompt_id)
             if ws is not None:
                 ws, text = self._receive(ws)
                 if text is not None:

@@ -401,6 +401,39 @@ def test_a_stop_while_the_prompt_is_being_posted_still_cancels_it(tmp_path):
     assert ("/interrupt", {"prompt_id": result.prompt_id}) in after
 
 
+class QueuedComfyUI(FakeComfyUI):
+    """Queues every prompt behind someone else's: none of ours starts."""
+
+    def play(self, client_id: str, prompt_id: str) -> None:
+        pass
+
+
+def test_a_stop_takes_a_queued_prompt_off_the_queue_and_ends_its_run(tmp_path):
+    """A prompt still queued when the several-server runner stops (cancel_in_flight) is taken
+    off the queue, so it will never run: its run stops waiting for it at once, and a later run
+    of that client posts nothing."""
+    with QueuedComfyUI("success") as server:
+        client = Client(server.url, poll_seconds=0.2)
+        outcome = []
+        worker = threading.Thread(target=lambda: outcome.append(
+            pytest.raises(RemoteInterrupted, client.run, WORKFLOW, tmp_path).value))
+        worker.start()
+        deadline = time.time() + 10
+        while not server.posted("/prompt") and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the run is waiting
+        prompt_id = client.cancel_in_flight()
+        worker.join(5)
+        assert not worker.is_alive()
+        (stopped,) = outcome
+        assert stopped.prompt_id == prompt_id == server.posted("/prompt")[0]["prompt_id"]
+        assert server.posted("/queue") == [{"delete": [prompt_id]}]
+        assert server.posted("/interrupt") == [{"prompt_id": prompt_id}]
+        with pytest.raises(RemoteInterrupted, match="before the prompt was posted"):
+            client.run(WORKFLOW, tmp_path)
+        assert len(server.posted("/prompt")) == 1
+
+
 def test_a_partly_queued_prompt_is_a_rejection_and_is_taken_off_the_queue(tmp_path, capsys):
     """ComfyUI answers 200 with node_errors when some outputs pass validation and queues those
     alone: the client says what the server refused, removes the prompt, exits 2, records it."""

@@ -31,7 +31,7 @@ POINTERS = {"q_ptr": "*i8", "k_ptr": "*i8", "vt_ptr": "*fp8e4nv", "qs_ptr": "*fp
 DEFAULT_CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3))
 
 
-def compile_for_sm90(block_m: int, block_n: int, warps: int, stages: int, pv_fp8: bool = True,
+def compile_portable(block_m: int, block_n: int, warps: int, stages: int, pv_fp8: bool = True,
                      capability: int = 90):
     """The portable kernel in one configuration, for sm_90 (or `capability`: 89 for Ada, whose
     products are mma.sync, not wgmma)."""
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
             args.sass.write_text(sass)
         return 0
     for index, config in enumerate(args.config or DEFAULT_CONFIGS):
-        facts, sass = report(compile_for_sm90(*config, capability=args.sm))
+        facts, sass = report(compile_portable(*config, capability=args.sm))
         print(f"{'x'.join(map(str, config[:2]))} warps {config[2]} stages {config[3]}: {facts}")
         if args.loops:
             print_loops(sass)

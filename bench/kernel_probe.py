@@ -164,9 +164,9 @@ _BRANCH_TARGET = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
 def sass_loops(sass: str, shortest: int = 200) -> list[dict]:
     """The innermost loops of a cuobjdump SASS listing: each backward branch closes one, from its
     target to itself, but those after the last EXIT (code out of line, such as an mbarrier
-    wait's retry, jumping back). Per loop of at least `shortest` instructions: its first and last address,
-    its length and its opcodes counted (predicates and modifiers dropped: `@!P0 MUFU.EX2` counts
-    as MUFU), most frequent first."""
+    wait's retry, jumping back). Per loop of at least `shortest` instructions: its first and
+    last address, its length and its opcodes counted (predicates and modifiers dropped:
+    `@!P0 MUFU.EX2` counts as MUFU), most frequent first."""
     instructions = [(int(m.group(1), 16), m.group(2)) for m in map(_SASS_LINE.match,
                                                                   sass.splitlines()) if m]
     index = {address: i for i, (address, _) in enumerate(instructions)}

@@ -10,10 +10,10 @@ A run is a failure unless the server ran the whole workflow: a POST answer that 
 prompt off the queue again) and a run in which none of the workflow's output nodes produced an
 output are reported with the server's messages, like a refused prompt or a node that failed.
 
-Ctrl-C or `kill` (SIGTERM) removes the prompt from the queue and interrupts it on the server
-(POST /queue, POST /interrupt). The prompt id is chosen here, so this works from the moment the
-prompt is posted; while a run is followed, only the first signal raises: any further one, however
-soon after, is counted and cannot cut the cancel requests short. A process that started with
+Ctrl-C, `kill` (SIGTERM) or a hangup (SIGHUP) removes the prompt from the queue and interrupts it on
+the server (POST /queue, POST /interrupt). The prompt id is chosen here, so this works from the
+moment the prompt is posted; while a run is followed, only the first signal raises: any further one,
+however soon after, is counted and cannot cut the cancel requests short. A process that started with
 SIGINT ignored (a background job) keeps ignoring it, SIGTERM still stops it (see stop_signals).
 """
 

@@ -287,9 +287,9 @@ def _recovered(job: SweepJob, validated, results: ResultsLog, total: int) -> boo
 
 
 class _StopRequest:
-    """Ctrl-C or `kill` (SIGTERM) once: ask the running node to stop at its next check (between
-    sampling steps, transformer blocks and decoded frames) and run no further job. A second one
-    (either): stop at once, with exit code 1 (FAILED).
+    """Ctrl-C, `kill` (SIGTERM) or a hangup (SIGHUP) once: ask the running node to stop at its next
+    check (between sampling steps, transformer blocks and decoded frames) and run no further job. A
+    second one (either): stop at once, with exit code 1 (FAILED).
 
     A long operation inside PyTorch keeps the main thread, where Python runs signal handlers,
     for as long as it takes (minutes for one attention at 8192x8192). So a watcher thread sees
@@ -362,9 +362,9 @@ def _say(text: str) -> None:
 
 
 class _SignalHandler(StopSignals):
-    """SIGINT and SIGTERM to `handler` in the main thread, and to `watch(n, signum)` for the
-    n-th one in a daemon thread the moment it arrives; neither where the signal is ignored (the
-    rule of stop_signals)."""
+    """The stop signals (SIGINT, SIGTERM, SIGHUP) to `handler` in the main thread, and to
+    `watch(n, signum)` for the n-th one in a daemon thread the moment it arrives; neither where
+    the signal is ignored (the rule of stop_signals)."""
 
     def __init__(self, handler, watch):
         super().__init__(handler)

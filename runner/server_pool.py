@@ -7,14 +7,14 @@ port: two servers number their outputs alike). Every finished job appends its li
 results file as the single-server run does; the job keys do not name the servers, so a rerun
 with the same or another set of servers skips what any of them finished.
 
-A server that stops answering is dropped: its job goes back to the others (at most once per
-server), and the run goes on while one server is left. A workflow a server rejects stops the
-run (exit 2). Ctrl-C or `kill` (SIGTERM) stops dispatching, asks every server to take our prompt
-off its queue or interrupt it (that prompt only, by its id: a shared server keeps running other
-users' prompts), records those jobs as interrupted and ends with exit 1; further signals
-meanwhile are counted and ignored, so the servers' answers and the results lines are waited for.
-A process that started with SIGINT ignored (a background job) keeps ignoring it, SIGTERM still
-stops it (see stop_signals).
+A server that stops answering is dropped: its job goes back to the others (at most once per server),
+and the run goes on while one server is left. A workflow a server rejects stops the run (exit 2).
+Ctrl-C, `kill` (SIGTERM) or a hangup (SIGHUP) stops dispatching, asks every server to take our
+prompt off its queue or interrupt it (that prompt only, by its id: a shared server keeps running
+other users' prompts), records those jobs as interrupted and ends with exit 1; further signals
+meanwhile are counted and ignored, so the servers' answers and the results lines are waited for. A
+process that started with SIGINT ignored (a background job) keeps ignoring it, SIGTERM still stops
+it (see stop_signals).
 """
 
 from __future__ import annotations

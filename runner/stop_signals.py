@@ -1,16 +1,18 @@
-"""Who takes Ctrl-C (SIGINT) and `kill` (SIGTERM) during a run: one rule for runs in this
-process, on one ComfyUI server and on several.
+"""Who takes Ctrl-C (SIGINT), `kill` (SIGTERM) and a closed terminal (SIGHUP) during a run: one
+rule for runs in this process, on one ComfyUI server and on several.
 
-Each runner takes both signals with its own handler while it runs, so that either stops the run
-the way Ctrl-C does and is recorded, and puts the previous handlers back afterwards.
+Each runner takes these signals with its own handler while it runs, so that any of them stops
+the run the way Ctrl-C does and is recorded, and puts the previous handlers back afterwards. A
+hangup (the terminal or the SSH session that started the run went away) would otherwise end the
+process on the spot: no results line, and on servers our prompts left running.
 
 A process that starts with SIGINT ignored is a background job: a non-interactive shell starts
 `cmd &` so, and Python then installs no KeyboardInterrupt handler. The terminal's Ctrl-C is not
 meant for it, so SIGINT stays ignored for the whole run; SIGTERM, which the shell leaves alone,
-is the way to stop it. The same holds for SIGTERM: one ignored at the start (by whoever started
-the process) stays ignored. Nothing here takes an ignored signal over, so "ignored now" is
-"ignored when the process started", unless the program embedding the runner chose to ignore it
-since.
+is the way to stop it. The same holds for the others: one ignored at the start stays ignored,
+SIGHUP under `nohup` among them (the run then outlives its terminal, as `nohup` asks). Nothing
+here takes an ignored signal over, so "ignored now" is "ignored when the process started",
+unless the program embedding the runner chose to ignore it since.
 
 Handlers are installed in the main thread only (the only one where Python runs them); a
 StopSignals inside another one leaves the signals to the outer one, whose handler knows the
@@ -23,9 +25,12 @@ import contextlib
 import signal
 import threading
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP where the platform has it (not on Windows)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + tuple(
+    getattr(signal, name) for name in ("SIGHUP",) if hasattr(signal, name))
 # What a handler not set from Python (signal.signal answered None) is put back as.
-_DEFAULT = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+_DEFAULT = {signum: signal.SIG_DFL for signum in STOP_SIGNALS}
+_DEFAULT[signal.SIGINT] = signal.default_int_handler
 
 
 def ignored(signum: int) -> bool:
@@ -42,11 +47,11 @@ def signal_name(signum: int) -> str:
 
 
 class StopSignals:
-    """SIGINT and SIGTERM within the block are counted (`count`, the first one's number in
-    `signum`) and go to `handler(signum, frame)` where one is given: in the main thread, each
-    unless it is ignored or an outer StopSignals has it. `signals` lists those taken (`taken`:
-    any); the previous handlers are back afterwards (Python's own where the previous one was not
-    set from Python)."""
+    """The STOP_SIGNALS (SIGINT, SIGTERM, SIGHUP) within the block are counted (`count`, the
+    first one's number in `signum`) and go to `handler(signum, frame)` where one is given: in
+    the main thread, each unless it is ignored or an outer StopSignals has it. `signals` lists
+    those taken (`taken`: any); the previous handlers are back afterwards (Python's own where
+    the previous one was not set from Python)."""
 
     def __init__(self, handler=None):
         self.handler = handler
@@ -91,7 +96,7 @@ class StopSignals:
 
 
 class FirstStopRaises(StopSignals):
-    """The first SIGINT or SIGTERM raises KeyboardInterrupt, as Python's own SIGINT handler
+    """The first stop signal raises KeyboardInterrupt, as Python's own SIGINT handler
     does; later ones are only counted, so that they cannot cut short the cleanup the first one
     started (a server's cancel requests, the results line).
 

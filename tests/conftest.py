@@ -128,6 +128,21 @@ def ignored_sigint():
 
 
 @pytest.fixture
+def stray_sighup():
+    """As stray_sigterm, for SIGHUP (the terminal hung up): each SIGHUP no runner took is noted
+    in the list yielded; SIGHUP is not ignored during the test, whatever pytest started with
+    (under `nohup` it starts ignored)."""
+    import signal
+
+    seen = []
+    previous = signal.signal(signal.SIGHUP, lambda signum, frame: seen.append(signum))
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+@pytest.fixture
 def stray_sigterm():
     """For tests that send SIGTERM to their own process: a handler that notes each SIGTERM no
     runner took (the list yielded) instead of Python's default, which would end pytest; such a

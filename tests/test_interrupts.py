@@ -100,7 +100,7 @@ STUCK_NODE = textwrap.dedent("""
 
         def run(self):
             # a signal blocked here reaches another thread, as when the main thread is in C code
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
             print("ready", flush=True)
             ctypes.CDLL(None).sleep(60)
             return {}
@@ -113,9 +113,10 @@ STUCK_NODE = textwrap.dedent("""
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_two_signals_exit_with_the_documented_code_while_an_operation_holds(signum, tmp_path):
-    """Ctrl-C twice, or `kill` twice."""
+    """Ctrl-C twice, `kill` twice, or two hangups."""
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_NODE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -222,3 +223,36 @@ def test_kill_stops_a_run_started_with_sigint_ignored(tmp_path):
     (line,) = [json.loads(text) for text in results.read_text().splitlines()]
     assert line["status"] == "interrupted"
     assert "SIGTERM: stopping at the next check" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+@pytest.mark.parametrize("nohup", [False, True], ids=["terminal", "nohup"])
+def test_a_hangup_stops_a_run_as_kill_does_unless_it_runs_under_nohup(nohup, tmp_path):
+    """The terminal or SSH session of a run goes away (SIGHUP): the run stops at the next check,
+    records its job as interrupted and exits 1, where a hangup used to end it on the spot with
+    no results line. Under `nohup` (SIGHUP ignored from the start) it runs on to the end."""
+    script = tmp_path / "waits.py"
+    script.write_text(WAITING_NODE)
+    results = tmp_path / "r.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    trap = "trap '' HUP; " if nohup else ""
+    command = ["sh", "-c", trap + "exec \"$@\"", "sh", sys.executable, str(script),
+               str(tmp_path / "w.json"), str(tmp_path / "out"), str(results)]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout.readline().split()[0] == "ready"
+        process.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        _, err = process.communicate("go\n", timeout=60)  # the node's next check
+    finally:
+        if process.poll() is None:
+            process.kill()
+    (line,) = [json.loads(text) for text in results.read_text().splitlines()]
+    if nohup:
+        assert process.returncode == 0, err
+        assert line["status"] == "success" and "stopping" not in err
+    else:
+        assert process.returncode == FAILED, err  # an exit code, not death by signal (-1)
+        assert line["status"] == "interrupted"
+        assert "SIGHUP: stopping at the next check" in err and "Traceback" not in err

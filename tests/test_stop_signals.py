@@ -1,7 +1,8 @@
-"""The rule of stop_signals, shared by every runner: a handler takes SIGINT and SIGTERM for the
-length of a run, in the main thread, each unless it is ignored (SIGINT: a background job's
-start); the previous ones are back afterwards. The runners' own tests (test_runner, test_client,
-test_server_pool, test_interrupts) press Ctrl-C and send SIGTERM in both conditions."""
+"""The rule of stop_signals, shared by every runner: a handler takes SIGINT, SIGTERM and SIGHUP
+for the length of a run, in the main thread, each unless it is ignored (SIGINT: a background
+job's start; SIGHUP: `nohup`); the previous ones are back afterwards. The runners' own tests
+(test_runner, test_client, test_server_pool, test_interrupts) press Ctrl-C and send SIGTERM in
+both conditions, and hang up."""
 
 import os
 import signal
@@ -9,9 +10,11 @@ import threading
 
 import pytest
 
-from wan_enhanced.runner.stop_signals import FirstStopRaises, StopSignals, sigint_ignored
+from wan_enhanced.runner.stop_signals import (STOP_SIGNALS, FirstStopRaises, StopSignals,
+                                              sigint_ignored)
 
-BOTH = (signal.SIGINT, signal.SIGTERM)
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+ALL = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def handler(signum, frame):
@@ -23,25 +26,29 @@ def send(signum):
     os.kill(os.getpid(), signum)
 
 
-def test_a_handler_takes_both_signals_for_the_block_and_gives_them_back(interactive_sigint,
-                                                                        stray_sigterm):
+def test_a_handler_takes_the_three_signals_for_the_block_and_gives_them_back(
+        interactive_sigint, stray_sigterm, stray_sighup):
+    assert STOP_SIGNALS == ALL
     seen = []
     with StopSignals(lambda signum, frame: seen.append(signum)) as stop:
-        assert stop.taken and stop.signals == BOTH
+        assert stop.taken and stop.signals == ALL
         send(signal.SIGINT)
         send(signal.SIGTERM)
-    assert seen == [signal.SIGINT, signal.SIGTERM] and stray_sigterm == []
+        send(signal.SIGHUP)
+    assert seen == list(ALL) and stray_sigterm == [] and stray_sighup == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     send(signal.SIGTERM)
-    assert stray_sigterm == [signal.SIGTERM]  # the test's own handler is back
+    send(signal.SIGHUP)
+    # the test's own handlers are back
+    assert stray_sigterm == [signal.SIGTERM] and stray_sighup == [signal.SIGHUP]
 
 
 def test_an_ignored_sigint_stays_ignored_and_sigterm_is_still_taken(ignored_sigint,
-                                                                    stray_sigterm):
+                                                                    stray_sigterm, stray_sighup):
     assert sigint_ignored()
     seen = []
     with StopSignals(lambda signum, frame: seen.append(signum)) as stop:
-        assert stop.signals == (signal.SIGTERM,)
+        assert stop.signals == (signal.SIGTERM, signal.SIGHUP)
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
         send(signal.SIGINT)
         send(signal.SIGTERM)
@@ -49,24 +56,41 @@ def test_an_ignored_sigint_stays_ignored_and_sigterm_is_still_taken(ignored_sigi
     assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
-def test_an_ignored_sigterm_stays_ignored(interactive_sigint):
+def test_an_ignored_sigterm_stays_ignored(interactive_sigint, stray_sighup):
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         with StopSignals(handler) as stop:
-            assert stop.signals == (signal.SIGINT,)
+            assert stop.signals == (signal.SIGINT, signal.SIGHUP)
             assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_other_threads_take_nothing(interactive_sigint, stray_sigterm):
+def test_a_hangup_under_nohup_stays_ignored(interactive_sigint, stray_sigterm):
+    """`nohup wan-enhanced run ...`: the run is meant to outlive its terminal, so a SIGHUP
+    ignored at the start stays ignored; Ctrl-C and `kill` still stop it."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        seen = []
+        with StopSignals(lambda signum, frame: seen.append(signum)) as stop:
+            assert stop.signals == (signal.SIGINT, signal.SIGTERM)
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            send(signal.SIGHUP)
+            send(signal.SIGTERM)
+        assert seen == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_other_threads_take_nothing(interactive_sigint, stray_sigterm, stray_sighup):
     seen = []
-    before = [signal.getsignal(signum) for signum in BOTH]
+    before = [signal.getsignal(signum) for signum in ALL]
 
     def run():
         with StopSignals(handler) as stop:
-            seen.append((stop.taken, [signal.getsignal(signum) for signum in BOTH]))
+            seen.append((stop.taken, [signal.getsignal(signum) for signum in ALL]))
 
     thread = threading.Thread(target=run)
     thread.start()

@@ -47,8 +47,13 @@ class WorkerState:
         self.shutdown_seen = False
 
     def progress(self, data) -> None:
-        """Tell the driver (rank 0 only; the ranks run in step)."""
+        """Tell the driver (rank 0 only; the ranks run in step), once this rank's GPU has done
+        the work queued so far: the host queues a step's kernels well before they finish, so a
+        step reported when it was queued would reach the driver's progress bar and step events
+        up to a step early, at uneven intervals."""
         if self.rank == 0:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             send(self.conn, ("progress", data))
 
     def stop_requested(self) -> bool:

@@ -163,3 +163,32 @@ def test_started_from_a_script_and_a_package_imported_by_path(tmp_path):
                           timeout=120, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ranks ['cpu', 'cpu']" in done.stdout
+
+
+def test_progress_is_sent_once_the_gpu_has_done_the_step(monkeypatch):
+    """A step's progress leaves rank 0 only after its device synchronized (the step computed,
+    not merely queued); other ranks send nothing, and a CPU rank has nothing to wait for."""
+    import multiprocessing
+
+    import torch
+
+    from wan_enhanced.distributed import worker
+    from wan_enhanced.distributed.messages import receive
+
+    order = []
+    monkeypatch.setattr(torch.cuda, "synchronize",
+                        lambda device=None: order.append(("sync", device)))
+    ours, drivers = multiprocessing.Pipe()
+    try:
+        cuda = torch.device("cuda", 1)
+        worker.WorkerState(0, 2, cuda, ours, None).progress({"step": 3, "total": 5})
+        order.append(receive(drivers, ()))
+        worker.WorkerState(1, 2, cuda, ours, None).progress({"step": 3, "total": 5})
+        worker.WorkerState(0, 1, torch.device("cpu"), ours, None).progress({"step": 4, "total": 5})
+        order.append(receive(drivers, ()))
+        assert not drivers.poll(0.1)
+    finally:
+        ours.close()
+        drivers.close()
+    assert order == [("sync", cuda), ("progress", {"step": 3, "total": 5}),
+                     ("progress", {"step": 4, "total": 5})]

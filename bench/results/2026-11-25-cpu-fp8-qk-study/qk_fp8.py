@@ -1,3 +1,4 @@
+"""Scratch: attention with Q·K in int8 (as shipped) or fp8 e4m3, against exact float32, on the CPU."""
 import math, sys, torch
 import torch.nn.functional as F
 sys.path.insert(0, "/work/main/bench")

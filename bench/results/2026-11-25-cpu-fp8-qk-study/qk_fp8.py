@@ -1,7 +1,7 @@
 """Scratch: attention with Q·K in int8 (as shipped) or fp8 e4m3, against exact float32, on the CPU."""
 import math, sys, torch
 import torch.nn.functional as F
-sys.path.insert(0, "/work/main/bench")
+sys.path.insert(0, "bench")  # run from the repository root
 from wan_enhanced.wan import fp8_attention as fa
 from fp8_attention_gpu import draw
 torch.manual_seed(0)

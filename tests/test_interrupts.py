@@ -112,6 +112,12 @@ STUCK_NODE = textwrap.dedent("""
 """)
 
 
+def _hangup_default():
+    """In a child before it starts: SIGHUP as a terminal's process has it, whatever this test
+    run started with (a test run under `nohup` would hand its children SIGHUP ignored)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
                          ids=["SIGINT", "SIGTERM", "SIGHUP"])
@@ -122,7 +128,8 @@ def test_two_signals_exit_with_the_documented_code_while_an_operation_holds(sign
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen([sys.executable, str(script), str(tmp_path / "w.json"),
                                 str(tmp_path / "out")], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
+                               stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=_hangup_default)
     try:
         assert process.stdout.readline().strip() == "ready"
         started = time.monotonic()
@@ -239,7 +246,8 @@ def test_a_hangup_stops_a_run_as_kill_does_unless_it_runs_under_nohup(nohup, tmp
     command = ["sh", "-c", trap + "exec \"$@\"", "sh", sys.executable, str(script),
                str(tmp_path / "w.json"), str(tmp_path / "out"), str(results)]
     process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
+                               stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=_hangup_default)
     try:
         assert process.stdout.readline().split()[0] == "ready"
         process.send_signal(signal.SIGHUP)

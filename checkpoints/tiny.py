@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..atomic_files import atomic_target
+from ..atomic_files import atomic_target, write_atomically
 from ..wan.configs import DiTConfig, T5Config
 from ..wan.dit import WanDiT, is_block_linear
 from . import keymaps
@@ -176,15 +176,17 @@ def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str
             prefixed = fp8_plain(prefixed)
         _atomic_save(prefixed, path)
         return path
+    # a folder's config.json is written last, each file whole or not at all: a folder with its
+    # config.json is complete (a write cut short leaves no config.json, so it is written again)
     path.mkdir(parents=True, exist_ok=True)
     if layout == "diffusers":
         _atomic_save({dit_ours_to_diffusers(k): v for k, v in state.items()},
                      path / "diffusion_pytorch_model.safetensors")
-        (path / "config.json").write_text(json.dumps(_diffusers_config_json(config), indent=1))
+        _write_config(path, _diffusers_config_json(config))
         return path
-    (path / "config.json").write_text(json.dumps(_official_config_json(config), indent=1))
     if layout == "official":
         _atomic_save(state, path / "diffusion_pytorch_model.safetensors")
+        _write_config(path, _official_config_json(config))
         return path
     if layout == "sharded":
         keys = sorted(state)
@@ -195,9 +197,15 @@ def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str
             _atomic_save({k: state[k] for k in part}, path / name)
             weight_map.update({k: name for k in part})
         index = {"metadata": {}, "weight_map": weight_map}
-        (path / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
+        write_atomically(path / "diffusion_pytorch_model.safetensors.index.json",
+                         json.dumps(index).encode())
+        _write_config(path, _official_config_json(config))
         return path
     raise ValueError(f"unknown DiT layout {layout!r}")
+
+
+def _write_config(folder: Path, config: dict) -> None:
+    write_atomically(folder / "config.json", json.dumps(config, indent=1).encode())
 
 
 # -- VAE ---------------------------------------------------------------------------------------

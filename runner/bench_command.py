@@ -5,6 +5,11 @@ the scenario's workflow in-process with a fresh memory event log and the GPU act
 and appends a row to the results table: case, resolution, frames, steps, offload, total time,
 s/step, peak memory (allocated and reserved), mean SM activity and compute load. Each run's event
 log is saved beside the table, so `wan-enhanced report` can draw it.
+
+Ctrl-C, `kill` (SIGTERM) or a hangup (SIGHUP) stops the command at the running workflow's next
+check (runner/stop_signals.py): that scenario's row says "interrupted", no further scenario
+runs, the table of the rows so far is written and the command exits 1. A model set whose
+writing was cut short is written again by the next run.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from ..bench.harness import device_name, gib
 from ..profiling.events import start_run
 from ..profiling.report_data import step_number
 from .bench_models import ensure_model_set
+from .stop_signals import FirstStopRaises
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "api_workflows"
 GIB = 2 ** 30
@@ -98,19 +104,33 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name in names:
-        for gpus in args.gpus:
-            row = run_scenario(name, Path(args.models), out, args.max_steps, args.assignments,
-                               args.tiny, gpus=gpus, fsdp=args.fsdp and gpus > 1)
-            add_speedup(row, rows)
-            rows.append(row)
-            print(format_row(row), flush=True)
+    interrupted = False
+    with FirstStopRaises():  # the first stop signal raises KeyboardInterrupt; later ones wait
+        try:
+            for name, gpus in [(name, gpus) for name in names for gpus in args.gpus]:
+                row = run_scenario(name, Path(args.models), out, args.max_steps,
+                                   args.assignments, args.tiny, gpus=gpus,
+                                   fsdp=args.fsdp and gpus > 1)
+                add_speedup(row, rows)
+                rows.append(row)
+                print(format_row(row), flush=True)
+                if row["status"] == "interrupted":
+                    interrupted = True
+                    break
+        except KeyboardInterrupt:  # outside a workflow: writing a model set, saving a log
+            interrupted = True
+        if interrupted:
+            print("interrupted: no further scenario runs", file=sys.stderr, flush=True)
+        _write_table(out, rows)
+    return 1 if interrupted or any(r["status"] != "ok" for r in rows) else 0
+
+
+def _write_table(out: Path, rows: list[dict]) -> None:
     table = results_markdown(rows)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     (out / f"bench-{stamp}.md").write_text(table)
     (out / f"bench-{stamp}.json").write_text(json.dumps(rows, indent=1))
     print(table)
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
 def _overrides(scenario: Scenario, model_set, workflow: dict, max_steps: int | None,
@@ -130,7 +150,7 @@ def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
                  fsdp: bool = False) -> dict:
     from .. import NODE_CLASS_MAPPINGS
     from ..profiling.activity import ActivityMonitor
-    from .executor import RunError, run_workflow
+    from .executor import RunError, RunInterrupted, run_workflow
     from .overrides import apply_overrides
     from .workflow import load_workflow
 
@@ -156,6 +176,8 @@ def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
             result = run_workflow(workflow, NODE_CLASS_MAPPINGS)
             peak = result.peak
             del result
+        except RunInterrupted as exc:
+            status, error, peak = "interrupted", str(exc), None
         except RunError as exc:
             status, error, peak = "failed", str(exc), None
     seconds = time.perf_counter() - start

@@ -37,3 +37,76 @@ def test_bench_runs_a_scenario_on_tiny_models(tmp_path, capsys):
     log = json.loads((out / "t2v_1_3b_baseline-events.json").read_text())
     assert "activity" in log
     assert list(out.glob("videos/**/*.mp4"))
+
+
+TINY_1_3B = ["--tiny", "--max-steps", "2", "--set", "5.width=64", "--set", "5.height=64",
+             "--set", "5.frames=5", "--set", "2.device=cpu", "--set", "1.weight_dtype=fp32"]
+
+
+def test_a_stop_signal_ends_the_bench_with_the_rows_so_far(tmp_path, monkeypatch, capsys,
+                                                           stray_sigterm):
+    """`kill` (SIGTERM) while the second of three scenarios runs: that row says interrupted,
+    the third does not run, the table of the two is written and the command exits 1."""
+    import os
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from wan_enhanced.runner import executor
+
+    calls = []
+
+    def workflow(workflow, registry, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises KeyboardInterrupt at once
+            except KeyboardInterrupt:
+                raise executor.RunInterrupted("interrupted") from None  # as execute() does
+            raise AssertionError("the signal did not stop the run")
+        return SimpleNamespace(peak=None)
+
+    monkeypatch.setattr(executor, "run_workflow", workflow)
+    out = tmp_path / "out"
+    code = main(["bench", *TINY_1_3B, *["--scenario", "t2v_1_3b_baseline"] * 3,
+                 "--models", str(tmp_path / "models"), "--out", str(out)])
+    assert code == 1 and len(calls) == 2 and stray_sigterm == []
+    rows = json.loads(next(out.glob("bench-*.json")).read_text())
+    assert [r["status"] for r in rows] == ["ok", "interrupted"]
+    assert "| interrupted |" in next(out.glob("bench-*.md")).read_text()
+    assert "interrupted: no further scenario runs" in capsys.readouterr().err
+
+
+def test_a_model_set_cut_short_is_written_again(tmp_path, monkeypatch, capsys, stray_sigterm):
+    """A stop while the DiT's shards are written: no row, the command exits 1, and the folder
+    gets no config.json (written last), so the next run writes the set again and runs."""
+    import os
+    import signal
+
+    from wan_enhanced.checkpoints import tiny
+
+    real_save = tiny._atomic_save
+    saves = []
+
+    def save(state, path, metadata=None):
+        saves.append(path)
+        if len(saves) == 2:  # the second shard
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_save(state, path, metadata)
+
+    monkeypatch.setattr(tiny, "_atomic_save", save)
+    models, out = tmp_path / "models", tmp_path / "out"
+    args = ["bench", *TINY_1_3B, "--scenario", "t2v_1_3b_baseline", "--models", str(models),
+            "--out", str(out)]
+    assert main(args) == 1
+    dit = models / "diffusion_models" / "Wan2.1-T2V-1.3B"
+    assert dit.is_dir() and not (dit / "config.json").exists()
+    assert json.loads(next(out.glob("bench-*.json")).read_text()) == []
+    monkeypatch.setattr(tiny, "_atomic_save", real_save)
+    for table in out.glob("bench-*"):
+        table.unlink()
+    assert main(args) == 0
+    assert (dit / "config.json").is_file()
+    rows = json.loads(next(out.glob("bench-*.json")).read_text())
+    assert [r["status"] for r in rows] == ["ok"]

@@ -85,6 +85,6 @@ def ensure_model_set(root: str | Path, name: str, log=print, tiny: bool = False)
                            state=randomize(module, 3, draw, torch.bfloat16))
         gc.collect()
     tokenizer_dir = te_path.parent / "google" / "umt5-xxl"
-    if not tokenizer_dir.is_dir():
+    if not (tokenizer_dir / "tokenizer.json").is_file():  # written last
         write_tokenizer_folder(tokenizer_dir)
     return model_set

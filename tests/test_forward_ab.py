@@ -61,13 +61,17 @@ def test_a_stopped_comparison_restores_the_checkout(checkout):
     import signal
     import time
 
-    proc = subprocess.Popen(["bash", str(SCRIPT), "1", "variants/new", "--", "sleep", "30"],
+    # the command says when it runs (a signal that came while bash was still starting it could
+    # be taken by bash's own trap in the child and leave the sleep running)
+    command = "echo running > running; exec sleep 30"
+    proc = subprocess.Popen(["bash", str(SCRIPT), "1", "variants/new", "--", "sh", "-c", command],
                             cwd=checkout, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
     assert proc.stdout.readline() == "== 1 variants/new\n"
     deadline = time.time() + 10
-    while (checkout / "wan" / "kernel.py").read_text() != "new\n" and time.time() < deadline:
+    while not (checkout / "running").exists() and time.time() < deadline:
         time.sleep(0.01)
+    assert (checkout / "wan" / "kernel.py").read_text() == "new\n"
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=20) != 0
     assert (checkout / "wan" / "kernel.py").read_text() == "base\n"

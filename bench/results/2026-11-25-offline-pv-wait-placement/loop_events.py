@@ -1,3 +1,5 @@
+"""Scratch: in a SASS listing, the instructions of one loop (addresses LO..HI, hex): their count,
+the first and last MUFU.EX2, and the position of every wait, barrier and mbarrier arrive."""
 import re, sys
 path, lo, hi = sys.argv[1], int(sys.argv[2], 16), int(sys.argv[3], 16)
 lines=open(path).read().splitlines()

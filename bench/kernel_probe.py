@@ -166,7 +166,10 @@ def sass_loops(sass: str, shortest: int = 200) -> list[dict]:
     target to itself, but those after the last EXIT (code out of line, such as an mbarrier
     wait's retry, jumping back). Per loop of at least `shortest` instructions: its first and
     last address, its length and its opcodes counted (predicates and modifiers dropped:
-    `@!P0 MUFU.EX2` counts as MUFU), most frequent first."""
+    `@!P0 MUFU.EX2` counts as MUFU), most frequent first; where its exponentials lie
+    (`exponentials`: the first and last MUFU.EX2's position in the loop, or None) and where its
+    waits and barriers are (`syncs`: position and instruction of every WARPGROUP, BAR and SYNCS
+    instruction), e.g. whether a tensor-core product is waited for before the exponentials."""
     instructions = [(int(m.group(1), 16), m.group(2)) for m in map(_SASS_LINE.match,
                                                                   sass.splitlines()) if m]
     index = {address: i for i, (address, _) in enumerate(instructions)}
@@ -180,11 +183,14 @@ def sass_loops(sass: str, shortest: int = 200) -> list[dict]:
         start = index.get(int(target.group(1), 16))
         if start is None or end - start + 1 < shortest:
             continue
-        opcodes = collections.Counter(
-            re.sub(r"^@!?U?P\w+\s+", "", body).split()[0].split(".")[0]
-            for _, body in instructions[start:end + 1])
+        bodies = [re.sub(r"^@!?U?P\w+\s+", "", body) for _, body in instructions[start:end + 1]]
+        opcodes = collections.Counter(body.split()[0].split(".")[0] for body in bodies)
+        exps = [i for i, body in enumerate(bodies) if body.startswith("MUFU.EX2")]
+        syncs = [(i, body) for i, body in enumerate(bodies)
+                 if body.split()[0].split(".")[0] in ("WARPGROUP", "BAR", "SYNCS")]
         loops.append({"start": instructions[start][0], "end": address,
-                      "instructions": end - start + 1, "opcodes": dict(opcodes.most_common())})
+                      "instructions": end - start + 1, "opcodes": dict(opcodes.most_common()),
+                      "exponentials": (exps[0], exps[-1]) if exps else None, "syncs": syncs})
     return [loop for loop in loops
             if not any(other is not loop and loop["start"] <= other["start"]
                        and other["end"] <= loop["end"] for other in loops)]
@@ -195,6 +201,10 @@ def print_loops(sass: str) -> None:
         counts = ", ".join(f"{op} {n}" for op, n in loop["opcodes"].items())
         print(f"  loop {loop['start']:#x}-{loop['end']:#x}: {loop['instructions']} "
               f"instructions: {counts}")
+        if loop["exponentials"]:
+            print("    exponentials at {}-{}".format(*loop["exponentials"]))
+        for position, body in loop["syncs"]:
+            print(f"    {position:4d} {body}")
 
 
 def main(argv=None) -> int:

@@ -64,4 +64,7 @@ def test_the_probe_counts_each_loops_instructions():
     (loop,) = sass_loops(SASS, shortest=3)
     assert (loop["start"], loop["end"], loop["instructions"]) == (0x10, 0x70, 7)
     assert loop["opcodes"] == {"MUFU": 2, "BRA": 2, "IADD3": 1, "SYNCS": 1, "FFMA": 1}
+    # where the exponentials and the waits fall in the loop (positions from its start)
+    assert loop["exponentials"] == (1, 2)
+    assert loop["syncs"] == [(3, "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R5")]
     assert sass_loops(SASS, shortest=8) == []

@@ -26,11 +26,11 @@ import signal
 import threading
 
 # SIGHUP where the platform has it (not on Windows)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + tuple(
-    getattr(signal, name) for name in ("SIGHUP",) if hasattr(signal, name))
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + (
+    (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 # What a handler not set from Python (signal.signal answered None) is put back as.
-_DEFAULT = {signum: signal.SIG_DFL for signum in STOP_SIGNALS}
-_DEFAULT[signal.SIGINT] = signal.default_int_handler
+_DEFAULT = {signum: signal.SIG_DFL for signum in STOP_SIGNALS} | {
+    signal.SIGINT: signal.default_int_handler}
 
 
 def ignored(signum: int) -> bool:

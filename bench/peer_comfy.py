@@ -307,8 +307,10 @@ def save(out_dir: Path, rows: list[dict], meta: dict, profiles: dict) -> None:
     order = {c: i for i, c in enumerate(CASES)}
     all_rows = sorted(kept + rows, key=lambda r: (order.get(r["case"], 9),
                                                   MODES.index(r["mode"])))
-    data = {"meta": meta, "commands": old.get("commands", []) + [meta["command"]],
-            "rows": all_rows}
+    commands = old.get("commands", [])
+    if commands[-1:] != [meta["command"]]:  # one run saves once per case
+        commands = commands + [meta["command"]]
+    data = {"meta": meta, "commands": commands, "rows": all_rows}
     write_atomically(path, json.dumps(data, indent=1).encode())
     write_atomically(out_dir / "peer_comfy.md", markdown(data).encode())
     for case, text in profiles.items():

@@ -1,6 +1,7 @@
 """The ComfyUI peer benchmark's own checks, on the CPU: a missing or too old ComfyUI checkout is
 refused before any timing, with what was expected; the table and the row bookkeeping."""
 
+import json
 import sys
 
 import pytest
@@ -50,3 +51,7 @@ def test_rows_are_replaced_per_case_and_mode(peer_comfy, tmp_path):
     table = (tmp_path / "peer_comfy.md").read_text()
     assert "| dit_5b v | bf16_eager | 5 | 10 | **0.500** |" in table
     assert "| dit_5b v | fp8_compiled | 3 | 6 |" in table
+    # one run saves once per case: its command is recorded once; another run's is added
+    peer_comfy.save(tmp_path, [row("dit_1_3b", "bf16_eager", 2.0)], {**meta, "command": "y"}, {})
+    saved = json.loads((tmp_path / "peer_comfy.json").read_text())
+    assert saved["commands"] == ["x", "y"]

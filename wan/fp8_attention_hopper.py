@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # the portable kernel's constants (the same numerics, bit for bit)
-from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2
+from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2, key_order
 
 BLOCK_N = K_BLOCK.value  # keys per block: the key scales' block
 BLOCK_M = BLOCK_N // 2  # query rows per consumer group: a program takes the rows padded to K_BLOCK
@@ -65,11 +65,7 @@ def _as_operand(p, p_layout: gl.constexpr):
     """P in fp8 as the P V product's operand, its keys in the order of V's columns
     (fp8_attention_kernels.key_order): each thread already holds what the operand layout wants
     of it, so no data moves (assert_trivial)."""
-    rows: gl.constexpr = p.shape[0]
-    cols: gl.constexpr = p.shape[1]
-    x = p.to(gl.float8e4nv).reshape([rows, cols // 32, 2, 2, 4, 2])
-    x = x.permute((0, 1, 2, 4, 3, 5)).reshape([rows, cols])
-    return gl.convert_layout(x, p_layout, assert_trivial=True)
+    return gl.convert_layout(key_order(p.to(gl.float8e4nv)), p_layout, assert_trivial=True)
 
 
 @gluon.jit

@@ -135,8 +135,11 @@ def compare(rows: list[dict]) -> None:
             if plain is not None:
                 row["fsdp_overhead"] = round(row["seconds_per_forward"]
                                              / plain["seconds_per_forward"] - 1, 4)
-    for row in rows:
-        row.pop("output", None)
+
+
+def without_outputs(rows: list[dict]) -> list[dict]:
+    """The rows as written: every field but the output tensor."""
+    return [{k: v for k, v in row.items() if k != "output"} for row in rows]
 
 
 def markdown(report: dict) -> str:
@@ -205,7 +208,14 @@ def main(argv=None) -> int:
         print(f"{gpus} GPU(s), fsdp {_yes(fsdp)}: {row['status']}"
               + (f", {row['seconds_per_forward']:.3f} s per forward" if row["status"] == "ok"
                  else ""), flush=True)
-    compare(rows)
+        # written after every row, so a run cut short keeps the rows it measured
+        compare(rows)
+        save_result(args.out, "multi_gpu", *report_of(args, device_type, rows))
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def report_of(args, device_type: str, rows: list[dict]) -> tuple[dict, str]:
+    """The JSON report and its Markdown table for the rows measured so far."""
     report = {"model": "quick" if args.quick else args.model,
               "size": "quick" if args.quick else args.size,
               "device": device_name() if device_type == "cuda" else "cpu (gloo)",
@@ -216,9 +226,8 @@ def main(argv=None) -> int:
               "environment": {k: os.environ.get(k) for k in
                               ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
               "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "rows": rows}
-    save_result(args.out, "multi_gpu", report, markdown(report))
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+              "rows": without_outputs(rows)}
+    return report, markdown(report)
 
 
 if __name__ == "__main__":

@@ -43,3 +43,27 @@ def test_inputs_have_the_latent_of_the_video():
     config = multi_gpu.KNOWN_DITS["wan2.1-t2v-14b"].config
     case = multi_gpu.inputs(config, "832x480x33", quick=False)
     assert tuple(case.x.shape) == (1, 16, 9, 60, 104) and case.context.shape == (1, 512, 4096)
+
+
+def test_rows_are_written_as_they_come(tmp_path, monkeypatch):
+    """A run cut short (a stop, a time limit) keeps every row it finished, with its comparison."""
+    real = multi_gpu.run_row
+    done = []
+
+    def run_row(*args, **kwargs):
+        if len(done) == 2:
+            raise KeyboardInterrupt  # the third row never finishes
+        done.append(real(*args, **kwargs))
+        return done[-1]
+
+    monkeypatch.setattr(multi_gpu, "run_row", run_row)
+    try:
+        multi_gpu.main(["--quick", "--out", str(tmp_path), "--gpus", "1,2", "--repeats", "1"])
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the third row should have been cut short")
+    rows = json.loads((tmp_path / "multi_gpu.json").read_text())["rows"]
+    assert [(r["gpus"], r["fsdp"]) for r in rows] == [(1, False), (2, False)]
+    assert rows[1]["relative_difference"] < 1e-6 and "output" not in rows[1]
+    assert (tmp_path / "multi_gpu.md").read_text().count("| ok |") == 2

@@ -12,9 +12,12 @@ metrics (all-to-all time and bytes, compute time, reserved peak, weights held). 
 Markdown are written into --out.
 
     python bench/multi_gpu.py --out DIR [--gpus 1,2,4] [--fsdp both|on|off] [--repeats 3]
-                              [--warmup 1] [--compile] [--size 1280x720x81] [--quick]
+                              [--warmup 1] [--compile] [--size 1280x720x81] [--profile]
+                              [--quick]
     (or python -m wan_enhanced.bench.multi_gpu ...)
 
+--profile: one more forward per row under torch.profiler on every rank, after the timed ones;
+kernels.md gets rank 0's longest kernels of each row, side by side (the JSON: every rank's).
 --quick: a tiny model and latent on gloo CPU processes (a test of the script; CI runs it).
 Targets (DESIGN.md section 8): >= 1.85x on 2 GPUs, >= 3.5x on 4, FSDP overhead <= 1%, outputs
 equal to the one-GPU output to bf16 rounding.
@@ -37,6 +40,7 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 import torch  # noqa: E402
 
+from wan_enhanced.atomic_files import write_atomically  # noqa: E402
 from wan_enhanced.bench.harness import device_name, save_result  # noqa: E402
 from wan_enhanced.distributed.contracts import ForwardCase, ForwardRequest, ModelSpec  # noqa: E402
 from wan_enhanced.distributed.devices import available  # noqa: E402
@@ -62,6 +66,7 @@ def parse(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--compile", action="store_true", help="torch.compile the blocks (not "
                    "with fsdp: those rows are skipped)")
+    p.add_argument("--profile", action="store_true", help="a kernel table per row (kernels.md)")
     p.add_argument("--quick", action="store_true")
     return p.parse_args(argv)
 
@@ -96,7 +101,8 @@ def run_row(config: DiTConfig, case: ForwardCase, gpus: int, fsdp: bool, args,
                      dtype="float32" if args.quick else "bfloat16",
                      attention="sdpa" if args.quick else "sdpa_cudnn", compile=args.compile,
                      fsdp=fsdp)
-    request = ForwardRequest(spec, (case,), repeats=args.warmup + args.repeats, keep_model=False)
+    request = ForwardRequest(spec, (case,), repeats=args.warmup + args.repeats, keep_model=False,
+                             profile=args.profile)
     group = WorkerGroup(gpus, device_type)
     try:
         group.start()
@@ -140,6 +146,23 @@ def compare(rows: list[dict]) -> None:
 def without_outputs(rows: list[dict]) -> list[dict]:
     """The rows as written: every field but the output tensor."""
     return [{k: v for k, v in row.items() if k != "output"} for row in rows]
+
+
+def kernel_tables(rows: list[dict], top: int = 20) -> str:
+    """Rank 0's longest kernels of each row's profiled forward."""
+    parts = ["# Kernels of one profiled forward, rank 0", ""]
+    for r in rows:
+        kernels = r["ranks"][0].get("kernels") if r["status"] == "ok" else None
+        if not kernels:
+            continue
+        parts += [f"## {r['gpus']} GPU(s), fsdp {_yes(r['fsdp'])}",
+                  f"every kernel's time summed (streams overlap): "
+                  f"{r['ranks'][0]['kernels_summed_ms']:.1f} ms", "",
+                  "| ms | calls | kernel |", "|---:|---:|---|"]
+        parts += [f"| {k['ms']:.2f} | {k['calls']} | `{k['name'][:110]}` |"
+                  for k in kernels[:top]]
+        parts.append("")
+    return "\n".join(parts)
 
 
 def markdown(report: dict) -> str:
@@ -211,6 +234,8 @@ def main(argv=None) -> int:
         # written after every row, so a run cut short keeps the rows it measured
         compare(rows)
         save_result(args.out, "multi_gpu", *report_of(args, device_type, rows))
+        if args.profile:
+            write_atomically(args.out / "kernels.md", kernel_tables(rows).encode())
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

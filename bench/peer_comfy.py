@@ -56,6 +56,7 @@ from wan_enhanced.bench import gpu_timeline as timeline
 from wan_enhanced.bench import harness as peer
 
 from wan_enhanced.atomic_files import write_atomically
+from wan_enhanced.profiling.kernels import kernel_totals
 from wan_enhanced.quant import quantize_block_linears
 from wan_enhanced.wan.dit import WanDiT
 
@@ -164,18 +165,17 @@ def kernel_table(fn, layers: int, top: int = 14) -> str:
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
-    rows.sort(key=lambda e: e.device_time_total, reverse=True)
+    rows = kernel_totals(prof)
     kinds = defaultdict(float)
-    for e in rows:
-        kinds[kernel_kind(e.key)] += e.device_time_total / 1000
+    for r in rows:
+        kinds[kernel_kind(r.name)] += r.ms
     total = sum(kinds.values())
     lines = [f"forward kernel time {total:.1f} ms; per block: " + ", ".join(
         f"{k} {v / layers:.2f} ms" for k, v in sorted(kinds.items()))]
     lines.append("| ms per block | calls per block | kind | kernel |\n|---:|---:|---|---|")
-    for e in rows[:top]:
-        lines.append(f"| {e.device_time_total / 1000 / layers:.3f} | {e.count / layers:.1f} | "
-                     f"{kernel_kind(e.key)} | `{e.key[:100]}` |")
+    for r in rows[:top]:
+        lines.append(f"| {r.ms / layers:.3f} | {r.calls / layers:.1f} | "
+                     f"{kernel_kind(r.name)} | `{r.name[:100]}` |")
     return "\n".join(lines)
 
 

@@ -62,6 +62,9 @@ class ForwardRequest:
     mode: str = "auto"  # sequence-parallel attention: auto, ulysses, ring
     repeats: int = 1  # forwards per case (timing); the output of the last is returned
     keep_model: bool = True  # keep the model in the ranks' cache for the next request
+    # one more forward of the last case after the timed ones, under torch.profiler on every
+    # rank, its kernel totals in the rank's metrics ("kernels"; not counted in the others)
+    profile: bool = False
 
 
 @dataclass

@@ -9,11 +9,16 @@ import time
 
 import torch
 
+from ..profiling.kernels import profiled
+from .comm_stats import CommStats
 from .contracts import ForwardRequest, ForwardResult
 from .metrics import RankMeter, gather_metrics
 from .fsdp import sharded_bytes
 from .models import rank_models
 from .sequence_split import SequenceSplit
+
+
+PROFILED_KERNELS = 30  # the longest kernels each rank reports from a profiled forward
 
 
 def forward(state, request: ForwardRequest) -> ForwardResult:
@@ -24,6 +29,14 @@ def forward(state, request: ForwardRequest) -> ForwardResult:
     split = SequenceSplit(None, request.mode, meter.stats) if state.world > 1 else None
     outputs, seconds = [], []
     device = state.device
+
+    def run(case, split):
+        return model(case.x.to(device), case.t.to(device), case.context.to(device),
+                     y=_on(case.y, device), clip_tokens=_on(case.clip_tokens, device),
+                     attention=request.model.attention, compiled=request.model.compile,
+                     sequence=split)
+
+    kernels = None
     with torch.no_grad():
         for case in request.cases:
             out = None
@@ -32,15 +45,20 @@ def forward(state, request: ForwardRequest) -> ForwardResult:
                 _synchronize(device)
                 began = time.perf_counter()
                 with meter.stats.forward():
-                    out = model(case.x.to(device), case.t.to(device), case.context.to(device),
-                                y=_on(case.y, device), clip_tokens=_on(case.clip_tokens, device),
-                                attention=request.model.attention,
-                                compiled=request.model.compile, sequence=split)
+                    out = run(case, split)
                 _synchronize(device)
                 seconds.append(time.perf_counter() - began)
             outputs.append(out.cpu())
             del out
-    metrics = gather_metrics(meter.finish(), state.control)
+        if request.profile and request.cases:
+            # its collectives go to a counter of their own, out of the metrics
+            extra = SequenceSplit(None, request.mode, CommStats(device)) if split else None
+            _, totals = profiled(lambda: run(request.cases[-1], extra), device.type)
+            kernels = {"kernels": [k.to_dict() for k in totals[:PROFILED_KERNELS]],
+                       "kernels_summed_ms": sum(k.ms for k in totals)}
+    metrics = meter.finish()
+    metrics.update(kernels or {})
+    metrics = gather_metrics(metrics, state.control)
     if not request.keep_model:
         state.cache.pop("models", None)
     return ForwardResult(outputs, metrics, seconds)

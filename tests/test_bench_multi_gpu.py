@@ -67,3 +67,30 @@ def test_rows_are_written_as_they_come(tmp_path, monkeypatch):
     assert [(r["gpus"], r["fsdp"]) for r in rows] == [(1, False), (2, False)]
     assert rows[1]["relative_difference"] < 1e-6 and "output" not in rows[1]
     assert (tmp_path / "multi_gpu.md").read_text().count("| ok |") == 2
+
+
+def test_profiled_rows(tmp_path):
+    """--profile: every rank reports the operators of one more forward, which the timing and the
+    communication counters leave out."""
+    assert multi_gpu.main(["--quick", "--out", str(tmp_path), "--gpus", "1,2", "--fsdp", "off",
+                           "--repeats", "1", "--profile"]) == 0
+    rows = json.loads((tmp_path / "multi_gpu.json").read_text())["rows"]
+    plain = tmp_path / "plain"
+    assert multi_gpu.main(["--quick", "--out", str(plain), "--gpus", "1,2", "--fsdp", "off",
+                           "--repeats", "1"]) == 0
+    unprofiled = json.loads((plain / "multi_gpu.json").read_text())["rows"]
+    for row, other in zip(rows, unprofiled):
+        assert len(row["seconds"]) == 1
+        for rank, same in zip(row["ranks"], other["ranks"]):
+            assert rank["forwards"] == same["forwards"] == 2  # the warm-up and the timed one
+            assert rank["all_to_all_calls"] == same["all_to_all_calls"]
+            assert rank["all_to_all_bytes"] == same["all_to_all_bytes"]
+            names = [k["name"] for k in rank["kernels"]]
+            assert "aten::mm" in names or "aten::addmm" in names or "aten::linear" in names
+            assert all(k["ms"] > 0 and k["calls"] > 0 for k in rank["kernels"])
+            assert rank["kernels_summed_ms"] >= sum(k["ms"] for k in rank["kernels"]) - 1e-9
+            assert "kernels" not in same
+    assert rows[1]["ranks"][0]["all_to_all_calls"] == 2 * 2 * multi_gpu.QUICK.num_layers
+    table = (tmp_path / "kernels.md").read_text()
+    assert table.count("## ") == 2 and "## 2 GPU(s), fsdp off" in table
+    assert not (plain / "kernels.md").exists()

@@ -56,7 +56,7 @@ from wan_enhanced.bench import gpu_timeline as timeline
 from wan_enhanced.bench import harness as peer
 
 from wan_enhanced.atomic_files import write_atomically
-from wan_enhanced.profiling.kernels import kernel_totals
+from wan_enhanced.profiling.kernels import profiled as kernels_of
 from wan_enhanced.quant import quantize_block_linears
 from wan_enhanced.wan.dit import WanDiT
 
@@ -161,11 +161,8 @@ def kernel_kind(name: str) -> str:
 
 
 def kernel_table(fn, layers: int, top: int = 14) -> str:
-    from torch.profiler import ProfilerActivity, profile
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    rows = kernel_totals(prof)
+    with torch.inference_mode():
+        _, rows = kernels_of(fn, "cuda")
     kinds = defaultdict(float)
     for r in rows:
         kinds[kernel_kind(r.name)] += r.ms

@@ -283,12 +283,10 @@ class Client:
                 try:
                     self.submit(workflow, prompt_id=prompt_id)
                     if self.stopped:  # cancel_in_flight came while the prompt was being posted
-                        self.cancel(prompt_id)
-                        raise self._interrupted(prompt_id)
+                        raise self._cancelled(prompt_id)
                     entry = self._wait(ws, prompt_id, _Tracker(workflow, on_event))
                 except KeyboardInterrupt:
-                    self.cancel(prompt_id)
-                    raise self._interrupted(prompt_id) from None
+                    raise self._cancelled(prompt_id) from None
             finally:
                 with self._flight:
                     self.in_flight = None
@@ -301,6 +299,11 @@ class Client:
         status = (entry.get("status") or {}).get("status_str", "success")
         return ServerRunResult(prompt_id, outputs, [str(f) for f in files],
                                time.perf_counter() - started, status)
+
+    def _cancelled(self, prompt_id: str) -> RemoteInterrupted:
+        """Cancel prompt_id on the server; the error that says so."""
+        self.cancel(prompt_id)
+        return self._interrupted(prompt_id)
 
     def _interrupted(self, prompt_id: str) -> RemoteInterrupted:
         return RemoteInterrupted(prompt_id, f"interrupted: asked {self.base} to stop prompt "

@@ -1,6 +1,6 @@
 """Several GPUs against one: DiT forwards of the same model on the same inputs, split over 1, 2
 and 4 GPUs by the package's worker group (sequence parallel: Ulysses where the heads divide,
-ring otherwise), with and without FSDP2 sharding.
+ring otherwise), with and without the blocks sharded (`fsdp`, distributed/sharded_blocks.py).
 
 Default case: Wan2.1 T2V 14B (40 heads) at 1280x720x81 (latent 21x90x160: 75,600 tokens) with
 seeded random bf16 weights of the real size, drawn on each GPU (the same on every GPU and in the
@@ -64,8 +64,7 @@ def parse(argv=None):
     p.add_argument("--fsdp", default="both", choices=("both", "on", "off"))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--compile", action="store_true", help="torch.compile the blocks (not "
-                   "with fsdp: those rows are skipped)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the blocks")
     p.add_argument("--profile", action="store_true", help="a kernel table per row (kernels.md)")
     p.add_argument("--quick", action="store_true")
     return p.parse_args(argv)
@@ -84,13 +83,13 @@ def inputs(config: DiTConfig, size: str, quick: bool) -> ForwardCase:
     return ForwardCase(x, torch.tensor([700.0]), context)
 
 
-def plan(counts: list[int], fsdp: str, compile: bool) -> list[tuple[int, bool]]:
+def plan(counts: list[int], fsdp: str) -> list[tuple[int, bool]]:
     """(gpus, fsdp) per row, the one-GPU row first (the reference)."""
     rows = [(1, False)]  # always: the reference of every other row
     for n in sorted(set(counts) - {1}):
         if fsdp in ("off", "both"):
             rows.append((n, False))
-        if fsdp in ("on", "both") and not compile:
+        if fsdp in ("on", "both"):
             rows.append((n, True))
     return rows
 
@@ -225,7 +224,7 @@ def main(argv=None) -> int:
     config = QUICK if args.quick else KNOWN_DITS[args.model].config
     case = inputs(config, args.size, args.quick)
     rows = []
-    for gpus, fsdp in plan(counts, args.fsdp, args.compile):
+    for gpus, fsdp in plan(counts, args.fsdp):
         row = run_row(config, case, gpus, fsdp, args, device_type)
         rows.append(row)
         print(f"{gpus} GPU(s), fsdp {_yes(fsdp)}: {row['status']}"

@@ -5,7 +5,8 @@
 - sequence_split.py: the DiT's hook (WanDiT.forward(sequence=...)) that shards the tokens,
   the rotary table and the timestep modulation by global position and gathers the output;
 - cfg_parallel.py: the conditional and unconditional passes on two halves of the group;
-- fsdp.py: opt-in FSDP2 sharding of the transformer blocks;
+- sharded_blocks.py: opt-in sharding of the transformer blocks (the `fsdp` setting), gathered
+  block by block through a ring of device buffers;
 - group.py / worker.py / launch.py / messages.py: the warm worker group the sampler drives
   (torch.distributed: NCCL between GPUs, gloo on the CPU and for control), how its ranks start,
   and what travels on their pipes;

@@ -21,7 +21,7 @@ class ModelSpec:
     state:      a state dict sent along (small test models), with `config`;
     seed:       random weights drawn on each rank from this seed (benchmarks), with `config`.
 
-    fsdp: shard the blocks over the group (FSDP2) instead of a whole copy per rank.
+    fsdp: shard the blocks over the group (sharded_blocks.py) instead of a whole copy per rank.
     """
     config: dict | None = None  # DiTConfig.to_dict()
     checkpoint: str | None = None

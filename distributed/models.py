@@ -2,13 +2,16 @@
 
 A rank keeps the models of its latest request (the two A14B experts, or one model) in its cache;
 a request for other models drops those first, so a rank never holds more than one request's
-weights. Each model sits whole on the rank's device, or sharded with FSDP2 (fsdp.py).
+weights. Each model sits whole on the rank's device, or with its blocks sharded over the group
+(fsdp: sharded_blocks.py).
 """
 
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -16,17 +19,39 @@ from ..checkpoints.tiny import randomize
 from ..wan.configs import DiTConfig
 from ..wan.dit import WanDiT, keeps_float32
 from .contracts import ModelSpec
-from .fsdp import shard_model, world_mesh
+from .sharded_blocks import ShardedBlocks, shard_block
+
+
+@dataclass
+class RankModel:
+    """A model on this rank and, with fsdp, the ring that gathers its sharded blocks."""
+    model: WanDiT
+    shards: ShardedBlocks | None = None
+
+    def blocks(self) -> Iterator[torch.nn.Module] | None:
+        """The block sequence for one forward (None: the model's own, resident blocks)."""
+        return None if self.shards is None else self.shards.blocks()
+
+    def weight_bytes(self) -> int:
+        """The bytes of weights this rank holds: the model's resident tensors and, with fsdp,
+        its chunks of the blocks (not the ring's slots, which are working memory)."""
+        total = sum(t.numel() * t.element_size()
+                    for t in [*self.model.parameters(), *self.model.buffers()])
+        return total + (0 if self.shards is None else self.shards.shard_bytes())
+
+    def close(self) -> None:
+        if self.shards is not None:
+            self.shards.close()
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def rank_models(state, specs: list[ModelSpec]) -> list[WanDiT]:
+def rank_models(state, specs: list[ModelSpec]) -> list[RankModel]:
     """The models of `specs` on this rank (loaded now, or kept from the previous request)."""
     cache: dict = state.cache.setdefault("models", {})
     wanted = {spec.key() for spec in specs}
     for key in [k for k in cache if k not in wanted]:
-        del cache[key]
+        cache.pop(key).close()
     gc.collect()
     if state.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -42,15 +67,32 @@ def rank_models(state, specs: list[ModelSpec]) -> list[WanDiT]:
     return models
 
 
-def build(spec: ModelSpec, device: torch.device) -> WanDiT:
+def build(spec: ModelSpec, device: torch.device) -> RankModel:
     if spec.seed is not None:
-        model = random_model(DiTConfig.from_dict(spec.config), spec.seed, device,
-                             DTYPES[spec.dtype], spec.fsdp)
-        return model.eval()
-    model = _cpu_model(spec)
-    if spec.fsdp:
-        return shard_model(model, device).eval()
-    return model.to(device).eval()
+        return random_model(DiTConfig.from_dict(spec.config), spec.seed, device,
+                            DTYPES[spec.dtype], spec.fsdp)
+    model = _cpu_model(spec).eval().requires_grad_(False)
+    if not spec.fsdp:
+        return RankModel(model.to(device))
+    shards = [_shard(block, device) for block in model.blocks]
+    _place_rest(model, device)
+    return RankModel(model, ShardedBlocks(list(model.blocks), shards, device))
+
+
+def _shard(block: torch.nn.Module, device: torch.device):
+    import torch.distributed as dist
+
+    return shard_block(block, device, dist.get_rank(), dist.get_world_size())
+
+
+def _place_rest(model: WanDiT, device: torch.device) -> None:
+    """Everything but the (sharded) blocks on `device`."""
+    for name, child in model.named_children():
+        if name != "blocks":
+            child.to(device)
+    for name, tensor in [*model.named_parameters(recurse=False),
+                         *model.named_buffers(recurse=False)]:
+        tensor.data = tensor.data.to(device)
 
 
 def _cpu_model(spec: ModelSpec) -> WanDiT:
@@ -70,26 +112,23 @@ def _cpu_model(spec: ModelSpec) -> WanDiT:
 
 
 def random_model(config: DiTConfig, seed: int, device: torch.device, dtype: torch.dtype,
-                 fsdp: bool = False) -> WanDiT:
+                 fsdp: bool = False) -> RankModel:
     """Seeded random weights drawn on `device` by checkpoints/tiny.randomize (the same on every
     rank and on one GPU: each block and each other part from a seed of its own), stored as the
     loader stores them: norms and modulation in float32, the rest in `dtype`. With fsdp each
     block is sharded as soon as it is drawn, so a rank never holds more than one whole block."""
-    from torch.distributed.fsdp import fully_shard
-
     with torch.device("meta"):
         model = WanDiT(config, compute_dtype=dtype)
-    mesh = world_mesh(device) if fsdp else None
+    shards = []
     for index, block in enumerate(model.blocks):
         _fill(block, f"blocks.{index}.", seed + 1 + index, device, dtype)
-        if mesh is not None:
-            fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        if fsdp:
+            shards.append(_shard(block, device))
     others = [(name, child) for name, child in model.named_children() if name != "blocks"]
     for offset, (name, child) in enumerate(others):
         _fill(child, f"{name}.", seed + 10_000 + offset, device, dtype)
-    if mesh is not None:
-        fully_shard(model, mesh=mesh, reshard_after_forward=False)
-    return model
+    model.eval()
+    return RankModel(model, ShardedBlocks(list(model.blocks), shards, device) if fsdp else None)
 
 
 def _fill(module: torch.nn.Module, prefix: str, seed: int, device, dtype) -> None:

@@ -3,8 +3,8 @@ the warm worker group and wait, relaying progress and interrupts.
 
 Everything that can be refused is refused before a worker starts or a weight loads: more GPUs
 than there are (naming `gpus` and the count found), block swap (each rank holds its model
-whole or sharded), a model not loaded from a file (the ranks load it themselves), fsdp with
-compile, and a model, video and GPU count whose per-rank estimate does not fit (memory.py).
+whole or sharded), a model not loaded from a file (the ranks load it themselves), and a
+model, video and GPU count whose per-rank estimate does not fit (memory.py).
 After the run each rank's metrics go into the memory event log (stage "ranks").
 """
 
@@ -20,7 +20,6 @@ from .. import host
 from ..pipeline.errors import InputError
 from .contracts import ModelSpec, SampleRequest, SampleResult
 from .devices import gpus_problem, worker_device_type
-from .fsdp import fsdp_problem
 from .memory import RankEstimate, check_fits_group
 
 SAMPLE_TASK = ".distributed.sampling:sample"
@@ -55,8 +54,6 @@ class GroupRun:
                 raise InputError(f"{field}: {handle.name} was not loaded from a file by Wan "
                                  f"Model Loader; the GPUs' processes load the model from its "
                                  f"file")
-            if settings.fsdp and (problem := fsdp_problem(handle.compile)):
-                raise InputError(problem)
         wants_uncond = settings.cfg != 1 or settings.cfg_low_noise not in (None, 1)
         device_type = worker_device_type()
         run = cls(handles, settings.gpus, settings.fsdp, wants_uncond and settings.gpus % 2 == 0,

@@ -17,24 +17,24 @@ from ..sampling.solvers import make_solver
 from .cfg_parallel import CfgPair, ParallelModel, topology
 from .contracts import ModelSpec, SampleRequest, SampleResult
 from .metrics import RankMeter, gather_metrics
-from .fsdp import sharded_bytes
 from .models import rank_models
 
 
 def sample(state, request: SampleRequest) -> SampleResult:
     meter = RankMeter(state.rank, state.device)
     models = rank_models(state, list(request.models))
-    meter.weight_bytes = sum(sharded_bytes(m) for m in models)
+    meter.weight_bytes = sum(m.weight_bytes() for m in models)
     topo = topology(state)
     device = state.device
     y = _on(request.y, device)
     clip_tokens = _on(request.clip_tokens, device)
 
-    def parallel(model, spec: ModelSpec) -> ParallelModel:
+    def parallel(rank_model, spec: ModelSpec) -> ParallelModel:
         def forward(x, t, context, split):
             with meter.stats.forward():
-                return model(x, t, context, y=y, clip_tokens=clip_tokens,
-                             attention=spec.attention, compiled=spec.compile, sequence=split)
+                return rank_model.model(x, t, context, y=y, clip_tokens=clip_tokens,
+                                        attention=spec.attention, compiled=spec.compile,
+                                        sequence=split, blocks=rank_model.blocks())
         return ParallelModel(forward, topo, request.mode, meter.stats)
 
     runners = [parallel(m, s) for m, s in zip(models, request.models)]

@@ -13,7 +13,6 @@ from ..profiling.kernels import profiled
 from .comm_stats import CommStats
 from .contracts import ForwardRequest, ForwardResult
 from .metrics import RankMeter, gather_metrics
-from .fsdp import sharded_bytes
 from .models import rank_models
 from .sequence_split import SequenceSplit
 
@@ -24,17 +23,18 @@ PROFILED_KERNELS = 30  # the longest kernels each rank reports from a profiled f
 def forward(state, request: ForwardRequest) -> ForwardResult:
     """DiT forwards with the token sequence split over the group (golden checks, benchmarks)."""
     meter = RankMeter(state.rank, state.device)
-    (model,) = rank_models(state, [request.model])
-    meter.weight_bytes = sharded_bytes(model)
+    (rank_model,) = rank_models(state, [request.model])
+    meter.weight_bytes = rank_model.weight_bytes()
     split = SequenceSplit(None, request.mode, meter.stats) if state.world > 1 else None
     outputs, seconds = [], []
     device = state.device
 
     def run(case, split):
-        return model(case.x.to(device), case.t.to(device), case.context.to(device),
-                     y=_on(case.y, device), clip_tokens=_on(case.clip_tokens, device),
-                     attention=request.model.attention, compiled=request.model.compile,
-                     sequence=split)
+        return rank_model.model(case.x.to(device), case.t.to(device), case.context.to(device),
+                                y=_on(case.y, device), clip_tokens=_on(case.clip_tokens, device),
+                                attention=request.model.attention,
+                                compiled=request.model.compile, sequence=split,
+                                blocks=rank_model.blocks())
 
     kernels = None
     with torch.no_grad():
@@ -60,7 +60,8 @@ def forward(state, request: ForwardRequest) -> ForwardResult:
     metrics.update(kernels or {})
     metrics = gather_metrics(metrics, state.control)
     if not request.keep_model:
-        state.cache.pop("models", None)
+        for kept in state.cache.pop("models", {}).values():
+            kept.close()
     return ForwardResult(outputs, metrics, seconds)
 
 

@@ -51,8 +51,9 @@ class WanSampler:
                              "passes run on two halves at once. A warm process per GPU keeps "
                              "the model between runs"}),
             "fsdp": ("BOOLEAN", {"default": False, "tooltip": "with gpus > 1: shard the "
-                                 "transformer blocks over the GPUs (FSDP2) instead of a whole "
-                                 "copy on each; for a model that does not fit one GPU"}),
+                                 "transformer blocks over the GPUs (each block gathered just "
+                                 "before it computes) instead of a whole copy on each; for a "
+                                 "model that does not fit one GPU"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     RETURN_TYPES = ("LATENT",)

@@ -41,9 +41,11 @@ def _aligned(n: int) -> int:
 
 @dataclass(frozen=True)
 class BlockLayout:
-    """Where each tensor of a block lives in its flat buffer."""
+    """Where each tensor of a block lives in its flat buffer, with its dtype and shape."""
     offsets: tuple[int, ...]
     nbytes: tuple[int, ...]
+    dtypes: tuple[torch.dtype, ...]
+    shapes: tuple[torch.Size, ...]
     total: int
 
     @classmethod
@@ -53,12 +55,14 @@ class BlockLayout:
             offsets.append(end)
             sizes.append(tensor.numel() * tensor.element_size())
             end = _aligned(end + sizes[-1])
-        return cls(tuple(offsets), tuple(sizes), max(end, ALIGNMENT))
+        return cls(tuple(offsets), tuple(sizes), tuple(t.dtype for t in tensors),
+                   tuple(t.shape for t in tensors), max(end, ALIGNMENT))
 
-    def views(self, buffer: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         """Each tensor's slice of the uint8 `buffer`, with the tensor's dtype and shape."""
-        return [buffer[offset:offset + size].view(t.dtype).view(t.shape)
-                for t, offset, size in zip(tensors, self.offsets, self.nbytes)]
+        return [buffer[offset:offset + size].view(dtype).view(shape)
+                for offset, size, dtype, shape in zip(self.offsets, self.nbytes, self.dtypes,
+                                                      self.shapes)]
 
 
 @dataclass
@@ -98,7 +102,7 @@ def pack_block(block: nn.Module, pinned: bool) -> PackedBlock:
     buffer = _existing_pack(tensors, layout, pinned)
     if buffer is None:
         buffer = torch.empty(layout.total, dtype=torch.uint8, pin_memory=pinned)
-        for tensor, view in zip(tensors, layout.views(buffer, tensors)):
+        for tensor, view in zip(tensors, layout.views(buffer)):
             view.copy_(tensor.data)
             tensor.data = view  # the old storage is freed once nothing else holds it
     masters = [tensor.data for tensor in tensors]

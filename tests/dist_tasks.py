@@ -52,3 +52,26 @@ def float32_settings(state, payload):
     """What this rank computes float32 products with during a task."""
     return (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
             torch.backends.cudnn.allow_tf32)
+
+
+def sharded_blocks(state, payload):
+    """The tiny DiT whole and with its blocks sharded over the group (the same seed on every
+    rank): the outputs of several forwards, and what a rank holds between them."""
+    from test_block_swap import inputs, tiny_model
+    from wan_enhanced.distributed.sharded_blocks import ShardedBlocks, shard_block
+    from wan_enhanced.offload.packed_blocks import BlockLayout, block_tensors
+
+    model = tiny_model(dtype=payload["dtype"])
+    x, t, context = inputs(model)
+    compiled = payload.get("compiled", False)
+    expected = model(x, t, context, compiled=compiled)
+    whole = [BlockLayout.of(block_tensors(b)).total for b in model.blocks]
+    shards = [shard_block(b, torch.device("cpu"), state.rank, state.world) for b in model.blocks]
+    idle = [t.numel() for b in model.blocks for t in block_tensors(b)]
+    with ShardedBlocks(list(model.blocks), shards, "cpu") as ring:
+        outs = [model(x, t, context, compiled=compiled, blocks=ring.blocks())
+                for _ in range(payload.get("forwards", 3))]
+        held, slots = ring.shard_bytes(), ring.device_bytes()
+    return {"equal": [torch.equal(o, expected) for o in outs], "idle_numel": sum(idle),
+            "after_numel": sum(t.numel() for b in model.blocks for t in block_tensors(b)),
+            "held": held, "whole": sum(whole), "slots": slots, "max_block": max(whole)}

@@ -3,7 +3,12 @@ output and its per-rank metrics (the real run needs 2 or 4 GPUs: bench/run_multi
 
 import json
 
+import torch
+
 from wan_enhanced.bench import multi_gpu
+from wan_enhanced.wan.dit import WanDiT
+
+from test_sharded_blocks import held_with_sharded_blocks
 
 
 def test_quick_run(tmp_path):
@@ -21,7 +26,10 @@ def test_quick_run(tmp_path):
     assert rows[1]["ranks"][0]["all_to_all_bytes_per_forward"] > 0
     assert "fsdp_overhead" in rows[2] and "fsdp_overhead" not in rows[1]
     whole, shard = rows[1]["ranks"][0]["weight_bytes"], rows[2]["ranks"][0]["weight_bytes"]
-    assert 0.45 * whole < shard < 0.6 * whole
+    with torch.device("meta"):
+        model = WanDiT(multi_gpu.QUICK, compute_dtype=torch.float32)
+    assert whole == sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert shard == held_with_sharded_blocks(model, whole, world=2)
     assert report["environment"] == {"NCCL_NVLS_ENABLE": "0",
                                      "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
     table = (tmp_path / "multi_gpu.md").read_text()
@@ -29,9 +37,9 @@ def test_quick_run(tmp_path):
 
 
 def test_plan_and_refusals(tmp_path, capsys):
-    assert multi_gpu.plan([1, 2, 4], "both", False) == [(1, False), (2, False), (2, True),
-                                                        (4, False), (4, True)]
-    assert multi_gpu.plan([2], "on", True) == [(1, False)]  # compiled blocks do not shard
+    assert multi_gpu.plan([1, 2, 4], "both") == [(1, False), (2, False), (2, True),
+                                                 (4, False), (4, True)]
+    assert multi_gpu.plan([2], "on") == [(1, False), (2, True)]
     if not multi_gpu.torch.cuda.is_available():
         assert multi_gpu.main(["--out", str(tmp_path)]) == 2
         assert "no CUDA GPU here" in capsys.readouterr().err

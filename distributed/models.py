@@ -19,7 +19,8 @@ from ..checkpoints.tiny import randomize
 from ..wan.configs import DiTConfig
 from ..wan.dit import WanDiT, keeps_float32
 from .contracts import ModelSpec
-from .sharded_blocks import ShardedBlocks, shard_block
+from ..offload.packed_blocks import BlockLayout, block_tensors
+from .sharded_blocks import ShardedBlocks, ShardStore
 
 
 @dataclass
@@ -74,15 +75,16 @@ def build(spec: ModelSpec, device: torch.device) -> RankModel:
     model = _cpu_model(spec).eval().requires_grad_(False)
     if not spec.fsdp:
         return RankModel(model.to(device))
-    shards = [_shard(block, device) for block in model.blocks]
+    store = _store([BlockLayout.of(block_tensors(b)) for b in model.blocks], device)
+    idle = [store.put(index, block) for index, block in enumerate(model.blocks)]
     _place_rest(model, device)
-    return RankModel(model, ShardedBlocks(list(model.blocks), shards, device))
+    return RankModel(model, ShardedBlocks(list(model.blocks), store.sealed(), idle))
 
 
-def _shard(block: torch.nn.Module, device: torch.device):
+def _store(layouts: list[BlockLayout], device: torch.device) -> ShardStore:
     import torch.distributed as dist
 
-    return shard_block(block, device, dist.get_rank(), dist.get_world_size())
+    return ShardStore(layouts, device, dist.get_rank(), dist.get_world_size())
 
 
 def _place_rest(model: WanDiT, device: torch.device) -> None:
@@ -119,16 +121,31 @@ def random_model(config: DiTConfig, seed: int, device: torch.device, dtype: torc
     block is sharded as soon as it is drawn, so a rank never holds more than one whole block."""
     with torch.device("meta"):
         model = WanDiT(config, compute_dtype=dtype)
-    shards = []
+    store = None
+    if fsdp:
+        store = _store([_stored_layout(block, f"blocks.{index}.", dtype)
+                        for index, block in enumerate(model.blocks)], device)
+    idle = []
     for index, block in enumerate(model.blocks):
         _fill(block, f"blocks.{index}.", seed + 1 + index, device, dtype)
-        if fsdp:
-            shards.append(_shard(block, device))
+        if store is not None:
+            idle.append(store.put(index, block))
     others = [(name, child) for name, child in model.named_children() if name != "blocks"]
     for offset, (name, child) in enumerate(others):
         _fill(child, f"{name}.", seed + 10_000 + offset, device, dtype)
     model.eval()
-    return RankModel(model, ShardedBlocks(list(model.blocks), shards, device) if fsdp else None)
+    if store is None:
+        return RankModel(model)
+    return RankModel(model, ShardedBlocks(list(model.blocks), store.sealed(), idle))
+
+
+def _stored_layout(block: torch.nn.Module, prefix: str, dtype: torch.dtype) -> BlockLayout:
+    """The packed layout `block` (on the meta device) will have once _fill has stored it."""
+    names = {id(t): n for n, t in [*block.named_parameters(), *block.named_buffers()]}
+    return BlockLayout.of([
+        torch.empty(t.shape, device="meta",
+                    dtype=torch.float32 if keeps_float32(prefix + names[id(t)]) else dtype)
+        for t in block_tensors(block)])
 
 
 def _fill(module: torch.nn.Module, prefix: str, seed: int, device, dtype) -> None:

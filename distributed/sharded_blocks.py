@@ -5,22 +5,31 @@ computes.
 Each block's tensors (its parameters and buffers, whatever their dtypes: bf16 or fp8 matrices,
 float32 norms, scales) are packed into one flat byte buffer (offload/packed_blocks.py), padded
 to a multiple of world x ALIGNMENT bytes and cut into world equal chunks; a rank keeps its chunk
-on its device. A block's fill is one all-gather of those chunks into a slot of a ring of device
-buffers (offload/block_ring.py), queued on a side stream while the previous block computes, and
-its tensors are views into the slot while it computes. What the gather writes is the packed
-block itself, so nothing is copied out afterwards (FSDP2 gathers per-parameter shards and copies
-them out into each parameter: 14 ms per 14B forward on 4 GPUs), and the compiled blocks run on
-it as they do under block swap.
+of every block in one device buffer (ShardStore). A block's fill writes the whole packed block
+into a slot of a ring of device buffers (offload/block_ring.py), on a side stream while the
+previous block computes, and its tensors are views into the slot while it computes. What the
+fill writes is the packed block itself, so nothing is copied out afterwards (FSDP2 gathers
+per-parameter shards and copies them out into each parameter), and the compiled blocks run on it
+as they do under block swap.
+
+How a fill gets the other ranks' chunks:
+- on GPUs, copies from the peers' stores, mapped into this process by PyTorch's symmetric
+  memory: the copy engines move the bytes over NVLink and no kernel runs beside the block that
+  computes (the chunks never change once stored, so the copies need no handshake);
+- otherwise (the CPU, or a GPU setup without symmetric memory: said once on stderr) one
+  all-gather of the chunks over the group.
+WAN_ENHANCED_FSDP_ALL_GATHER=1 forces the all-gather on GPUs too (for comparison).
 
 Between uses a block's tensors hold empty placeholders: reading a sharded block outside a
-forward fails loudly instead of reading another block's bytes. Every rank runs the blocks in the
-same order, so their gathers pair up; the embeddings, the head and the norms outside the blocks
-stay whole on every rank (a few percent of the model).
+forward fails loudly instead of reading another block's bytes. The embeddings, the time
+projection and the head stay whole on every rank (about 2% of a model).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import sys
+import warnings
 from typing import Sequence
 
 import torch
@@ -30,60 +39,143 @@ from ..offload.block_ring import BlockRing, RingBlock
 from ..offload.packed_blocks import ALIGNMENT, BlockLayout, block_tensors
 
 SLOTS = 2  # the block computing and the next one being gathered
+FORCE_ALL_GATHER = "WAN_ENHANCED_FSDP_ALL_GATHER"
 
 
-@dataclass
-class ShardedBlock:
-    tensors: list[torch.Tensor]  # the block's parameters and buffers (the module's own objects)
-    placeholders: list[torch.Tensor]  # their data between uses: empty, same dtype and device
-    layout: BlockLayout
-    padded: int  # the packed bytes padded to a multiple of world x ALIGNMENT
-    shard: torch.Tensor  # uint8 [padded // world]: this rank's chunk, on the device
-
-
-def shard_block(block: nn.Module, device: torch.device, rank: int, world: int) -> ShardedBlock:
-    """Cut `block` (its tensors on any device) into `world` chunks and keep chunk `rank` on
-    `device`; the block's tensors become empty placeholders. The whole packed block exists once,
-    briefly, on the device its first tensor is on."""
-    if not 0 <= rank < world:
-        raise ValueError(f"fsdp: rank {rank} outside a group of {world}")
-    tensors = block_tensors(block)
-    layout = BlockLayout.of(tensors)
+def padded_size(layout: BlockLayout, world: int) -> int:
+    """A packed block's bytes, padded so that `world` chunks are equal and aligned."""
     unit = world * ALIGNMENT
-    padded = -(-layout.total // unit) * unit
-    chunk = padded // world
-    home = tensors[0].device if tensors else device
-    packed = torch.zeros(padded, dtype=torch.uint8, device=home)
-    for tensor, view in zip(tensors, layout.views(packed)):
-        view.copy_(tensor.data)
-    shard = packed[rank * chunk:(rank + 1) * chunk].to(device, copy=True)
-    del packed
-    placeholders = [torch.empty(0, dtype=t.dtype, device=device) for t in tensors]
-    for tensor, placeholder in zip(tensors, placeholders):
-        tensor.data = placeholder
-    return ShardedBlock(tensors, placeholders, layout, padded, shard)
+    return -(-layout.total // unit) * unit
+
+
+class ShardStore:
+    """This rank's chunk of every block, end to end in one device buffer, and the way fills get
+    the other ranks' chunks. Collective: every rank of `group` creates it with the same
+    layouts."""
+
+    def __init__(self, layouts: Sequence[BlockLayout], device: torch.device | str,
+                 rank: int, world: int, group=None):
+        if not 0 <= rank < world:
+            raise ValueError(f"fsdp: rank {rank} outside a group of {world}")
+        self.device = torch.device(device)
+        self.rank, self.world, self.group = rank, world, group
+        self.layouts = list(layouts)
+        self.padded = [padded_size(layout, world) for layout in self.layouts]
+        self.offsets, end = [], 0
+        for padded in self.padded:
+            self.offsets.append(end)
+            end += padded // world
+        self.peers: list[torch.Tensor] | None = None  # every rank's buffer, mapped here
+        self.buffer = self._allocate(end)
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        if self.device.type != "cuda" or self.world == 1 or os.environ.get(FORCE_ALL_GATHER) == "1":
+            return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        try:
+            buffer, self.peers = _symmetric(nbytes, self.device, self.world, self.group)
+            return buffer
+        except Exception as exc:  # noqa: BLE001 - any failure falls back, said once
+            print(f"fsdp: no symmetric memory here ({type(exc).__name__}: {exc}); the blocks "
+                  f"are gathered with NCCL all-gathers", file=sys.stderr)
+            self.peers = None
+            return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+
+    @property
+    def peer_copies(self) -> bool:
+        return self.peers is not None
+
+    def chunk(self, index: int) -> torch.Tensor:
+        """This rank's chunk of block `index`."""
+        size = self.padded[index] // self.world
+        return self.buffer[self.offsets[index]:self.offsets[index] + size]
+
+    def put(self, index: int, block: nn.Module) -> list[torch.Tensor]:
+        """Keep this rank's chunk of `block` (its tensors on any device) and turn its tensors into
+        empty placeholders, which are returned. The whole packed block exists once, briefly, on
+        the device its first tensor is on."""
+        tensors = block_tensors(block)
+        layout = self.layouts[index]
+        if BlockLayout.of(tensors) != layout:
+            raise ValueError(f"fsdp: block {index} is not laid out as the store expects")
+        home = tensors[0].device if tensors else self.device
+        packed = torch.zeros(self.padded[index], dtype=torch.uint8, device=home)
+        for tensor, view in zip(tensors, layout.views(packed)):
+            view.copy_(tensor.data)
+        size = self.padded[index] // self.world
+        self.chunk(index).copy_(packed[self.rank * size:(self.rank + 1) * size])
+        del packed
+        placeholders = [torch.empty(0, dtype=t.dtype, device=self.device) for t in tensors]
+        for tensor, placeholder in zip(tensors, placeholders):
+            tensor.data = placeholder
+        return placeholders
+
+    def sealed(self) -> "ShardStore":
+        """Every rank's chunks stored before any rank reads a peer's (a barrier)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            dist.barrier(group=self.group)
+        return self
+
+    def fill(self, target: torch.Tensor, index: int) -> None:
+        """The whole packed block `index` into `target` (uint8 [padded]), queued on the current
+        stream."""
+        size = self.padded[index] // self.world
+        if self.peers is None:
+            import torch.distributed as dist
+
+            # the same collective; newer PyTorch renamed it and deprecates the old name
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            gather(target, self.chunk(index), group=self.group)
+            return
+        begin = self.offsets[index]
+        for step in range(self.world):  # each rank starts from another peer
+            source = (self.rank + step) % self.world
+            target[source * size:(source + 1) * size].copy_(
+                self.peers[source][begin:begin + size], non_blocking=True)
+
+    def nbytes(self) -> int:
+        return self.buffer.numel()
+
+
+def _symmetric(nbytes: int, device: torch.device, world: int, group):
+    """A uint8 buffer of `nbytes` in symmetric memory, and every rank's buffer mapped here."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm
+
+    group = group or dist.group.WORLD
+    if hasattr(symm, "enable_symm_mem_for_group"):  # needed before torch 2.9, a no-op after
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            symm.enable_symm_mem_for_group(group.group_name)
+    buffer = symm.empty(nbytes, dtype=torch.uint8, device=device)
+    handle = symm.rendezvous(buffer, group)
+    peers = [buffer if r == handle.rank else handle.get_buffer(r, (nbytes,), torch.uint8)
+             for r in range(world)]
+    buffer.zero_()
+    return buffer, peers
 
 
 class ShardedBlocks(BlockRing):
-    """All of a model's blocks, sharded (shard_block), gathered through SLOTS device buffers.
-    Collective: every rank of `group` builds it and runs its blocks() in step."""
+    """All of a model's blocks, their chunks in `store`, filled through SLOTS device buffers.
+    Every rank of the store's group builds it and runs its blocks() in step."""
 
     name = "fsdp"
 
-    def __init__(self, blocks: Sequence[nn.Module], shards: list[ShardedBlock],
-                 device: torch.device | str, group=None, slots: int = SLOTS):
-        self.shards = shards
-        self.group = group
-        entries = [RingBlock(s.tensors, s.placeholders, s.layout, s.padded) for s in shards]
-        super().__init__(blocks, range(len(shards)), entries, device, slots)
+    def __init__(self, blocks: Sequence[nn.Module], store: ShardStore,
+                 placeholders: list[list[torch.Tensor]], slots: int = SLOTS):
+        self.store = store
+        blocks = list(blocks)
+        entries = [RingBlock(block_tensors(b), idle, layout, padded)
+                   for b, idle, layout, padded in zip(blocks, placeholders, store.layouts,
+                                                       store.padded)]
+        super().__init__(blocks, range(len(entries)), entries, store.device, slots)
 
     def _transfer(self, target: torch.Tensor, position: int) -> None:
-        import torch.distributed as dist
-
-        # the same collective; newer PyTorch renamed it and deprecates the old name
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(target, self.shards[position].shard, group=self.group)
+        self.store.fill(target, position)
 
     def shard_bytes(self) -> int:
         """The bytes of this rank's chunks."""
-        return sum(s.shard.numel() for s in self.shards)
+        return self.store.nbytes()

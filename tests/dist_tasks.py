@@ -58,20 +58,22 @@ def sharded_blocks(state, payload):
     """The tiny DiT whole and with its blocks sharded over the group (the same seed on every
     rank): the outputs of several forwards, and what a rank holds between them."""
     from test_block_swap import inputs, tiny_model
-    from wan_enhanced.distributed.sharded_blocks import ShardedBlocks, shard_block
+    from wan_enhanced.distributed.sharded_blocks import ShardedBlocks, ShardStore
     from wan_enhanced.offload.packed_blocks import BlockLayout, block_tensors
 
-    model = tiny_model(dtype=payload["dtype"])
-    x, t, context = inputs(model)
+    device = state.device
+    model = tiny_model(dtype=payload["dtype"]).to(device)
+    x, t, context = (v.to(device) for v in inputs(model))
     compiled = payload.get("compiled", False)
     expected = model(x, t, context, compiled=compiled)
-    whole = [BlockLayout.of(block_tensors(b)).total for b in model.blocks]
-    shards = [shard_block(b, torch.device("cpu"), state.rank, state.world) for b in model.blocks]
-    idle = [t.numel() for b in model.blocks for t in block_tensors(b)]
-    with ShardedBlocks(list(model.blocks), shards, "cpu") as ring:
+    layouts = [BlockLayout.of(block_tensors(b)) for b in model.blocks]
+    store = ShardStore(layouts, device, state.rank, state.world)
+    idle = [store.put(i, b) for i, b in enumerate(model.blocks)]
+    with ShardedBlocks(list(model.blocks), store.sealed(), idle) as ring:
         outs = [model(x, t, context, compiled=compiled, blocks=ring.blocks())
                 for _ in range(payload.get("forwards", 3))]
         held, slots = ring.shard_bytes(), ring.device_bytes()
-    return {"equal": [torch.equal(o, expected) for o in outs], "idle_numel": sum(idle),
+    return {"equal": [torch.equal(o, expected) for o in outs],
             "after_numel": sum(t.numel() for b in model.blocks for t in block_tensors(b)),
-            "held": held, "whole": sum(whole), "slots": slots, "max_block": max(whole)}
+            "held": held, "slots": slots, "whole": sum(x.total for x in layouts),
+            "max_block": max(x.total for x in layouts), "peer_copies": store.peer_copies}

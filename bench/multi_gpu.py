@@ -173,7 +173,7 @@ def markdown(report: dict) -> str:
              f"median of {report['repeats']} forwards after {report['warmup']} warm-up.", "",
              "| GPUs | fsdp | attention | s / forward | speed-up | target | FSDP overhead | "
              "rel. diff. to 1 GPU | all-to-all s / fwd (rank 0) | all-to-all GiB / fwd | "
-             "largest reserved peak GiB | weights GiB per rank | status |",
+             "largest device peak GiB | weights GiB per rank | status |",
              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in report["rows"]:
         if r["status"] != "ok":
@@ -181,7 +181,9 @@ def markdown(report: dict) -> str:
                          f"{r['status']} |")
             continue
         rank0 = r["ranks"][0]
-        peaks = [m["reserved_peak_bytes"] or m["rss_peak_bytes"] for m in r["ranks"]]
+        # the allocator's peak and what the rank holds outside it (the fsdp store on GPUs)
+        peaks = [(m["reserved_peak_bytes"] or m["rss_peak_bytes"])
+                 + (m.get("outside_allocator_bytes") or 0) for m in r["ranks"]]
         lines.append(
             f"| {r['gpus']} | {_yes(r['fsdp'])} | {r['mode']} | {r['seconds_per_forward']:.3f} | "
             f"{_num(r.get('speedup'), 2)} | {_target(r['gpus'])} | "
@@ -189,8 +191,9 @@ def markdown(report: dict) -> str:
             f"{rank0['all_to_all_seconds_per_forward']:.3f} | "
             f"{rank0['all_to_all_bytes_per_forward'] / GIB:.2f} | {max(peaks) / GIB:.2f} | "
             f"{rank0['weight_bytes'] / GIB:.2f} | ok |")
-    lines += ["", "Reserved peak: the torch allocator's (the process's peak RSS on the CPU). "
-              "Per-rank metrics of every row are in the JSON."]
+    lines += ["", "Device peak: the torch allocator's reserved peak plus what the rank holds "
+              "outside it (with fsdp on GPUs: its chunks of the blocks, in symmetric memory); the "
+              "process's peak RSS on the CPU. Per-rank metrics of every row are in the JSON."]
     return "\n".join(lines) + "\n"
 
 

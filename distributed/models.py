@@ -40,6 +40,13 @@ class RankModel:
                     for t in [*self.model.parameters(), *self.model.buffers()])
         return total + (0 if self.shards is None else self.shards.shard_bytes())
 
+    def outside_allocator_bytes(self) -> int:
+        """Device memory this model holds outside the torch allocator: the fsdp store, when it
+        is in symmetric memory."""
+        if self.shards is None or not self.shards.store.peer_copies:
+            return 0
+        return self.shards.store.nbytes()
+
     def close(self) -> None:
         if self.shards is not None:
             self.shards.close()

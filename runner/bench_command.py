@@ -230,7 +230,10 @@ def rank_summary(events: list[dict]) -> dict:
 
     comm = sum(last[0].get(f"{kind}_seconds") or 0.0
                for kind in ("all_to_all", "ring", "gather", "cfg"))
-    return {"reserved_peak": largest("reserved_peak_bytes"),
+    # the allocator's peak and what a rank holds outside it (the fsdp store on GPUs)
+    outside = largest("outside_allocator_bytes") or 0
+    reserved = largest("reserved_peak_bytes")
+    return {"reserved_peak": None if reserved is None else reserved + outside,
             "allocated_peak": largest("allocated_peak_bytes"), "comm_seconds": round(comm, 3)}
 
 

@@ -30,6 +30,8 @@ def test_quick_run(tmp_path):
         model = WanDiT(multi_gpu.QUICK, compute_dtype=torch.float32)
     assert whole == sum(t.numel() * t.element_size() for t in model.state_dict().values())
     assert shard == held_with_sharded_blocks(model, whole, world=2)
+    # on the CPU the chunks are ordinary (allocator) memory: nothing held outside it
+    assert [m["outside_allocator_bytes"] for m in rows[2]["ranks"]] == [0, 0]
     assert report["environment"] == {"NCCL_NVLS_ENABLE": "0",
                                      "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
     table = (tmp_path / "multi_gpu.md").read_text()

@@ -71,14 +71,14 @@ class ShardStore:
     def _allocate(self, nbytes: int) -> torch.Tensor:
         if self.device.type != "cuda" or self.world == 1 or os.environ.get(FORCE_ALL_GATHER) == "1":
             return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
-        try:
-            buffer, self.peers = _symmetric(nbytes, self.device, self.world, self.group)
-            return buffer
-        except Exception as exc:  # noqa: BLE001 - any failure falls back, said once
-            print(f"fsdp: no symmetric memory here ({type(exc).__name__}: {exc}); the blocks "
-                  f"are gathered with NCCL all-gathers", file=sys.stderr)
-            self.peers = None
+        buffer, problem = _symmetric_buffer(nbytes, self.device)
+        # every rank takes the same path, or the fills would not pair up
+        if not _everyone(problem is None, self.device, self.group):
+            print(f"fsdp: {problem or 'another GPU of the group has no symmetric memory'}; the "
+                  f"blocks are gathered with NCCL all-gathers", file=sys.stderr)
             return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        self.peers = _mapped_peers(buffer, self.world, self.group)
+        return buffer.zero_()
 
     @property
     def peer_copies(self) -> bool:
@@ -140,8 +140,26 @@ class ShardStore:
         return self.buffer.numel()
 
 
-def _symmetric(nbytes: int, device: torch.device, world: int, group):
-    """A uint8 buffer of `nbytes` in symmetric memory, and every rank's buffer mapped here."""
+def _symmetric_buffer(nbytes: int, device: torch.device):
+    """(a uint8 buffer of `nbytes` in symmetric memory, None) or (None, why there is none)."""
+    try:
+        import torch.distributed._symmetric_memory as symm
+
+        return symm.empty(nbytes, dtype=torch.uint8, device=device), None
+    except Exception as exc:  # noqa: BLE001 - any failure falls back, said once
+        return None, f"no symmetric memory here ({type(exc).__name__}: {exc})"
+
+
+def _everyone(ok: bool, device: torch.device, group) -> bool:
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def _mapped_peers(buffer: torch.Tensor, world: int, group) -> list[torch.Tensor]:
+    """Every rank's symmetric buffer (this rank's own included), mapped into this process."""
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm
 
@@ -150,12 +168,9 @@ def _symmetric(nbytes: int, device: torch.device, world: int, group):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             symm.enable_symm_mem_for_group(group.group_name)
-    buffer = symm.empty(nbytes, dtype=torch.uint8, device=device)
     handle = symm.rendezvous(buffer, group)
-    peers = [buffer if r == handle.rank else handle.get_buffer(r, (nbytes,), torch.uint8)
-             for r in range(world)]
-    buffer.zero_()
-    return buffer, peers
+    return [buffer if r == handle.rank else handle.get_buffer(r, (buffer.numel(),), torch.uint8)
+            for r in range(world)]
 
 
 class ShardedBlocks(BlockRing):

@@ -77,3 +77,10 @@ def sharded_blocks(state, payload):
             "after_numel": sum(t.numel() for b in model.blocks for t in block_tensors(b)),
             "held": held, "slots": slots, "whole": sum(x.total for x in layouts),
             "max_block": max(x.total for x in layouts), "peer_copies": store.peer_copies}
+
+
+def fsdp_vote(state, against):
+    """Whether every rank agrees to peer copies when rank `against` cannot have them."""
+    from wan_enhanced.distributed.sharded_blocks import _everyone
+
+    return _everyone(state.rank != against, state.device, None)

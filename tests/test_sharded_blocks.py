@@ -42,6 +42,12 @@ def test_sharded_forwards_equal_the_whole_model(gloo_group, world, dtype):
     assert facts["slots"] == 2 * (-(-facts["max_block"] // unit) * unit)
 
 
+def test_one_rank_without_peer_copies_takes_every_rank_to_all_gathers(gloo_group):
+    group = gloo_group(2)
+    assert group.run("dist_tasks:fsdp_vote", 1, timeout_s=TIMEOUT) is False
+    assert group.run("dist_tasks:fsdp_vote", -1, timeout_s=TIMEOUT) is True
+
+
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")),
                     reason="torch.compile on the CPU needs a C++ compiler")
 def test_compiled_blocks_run_on_the_gathered_weights(gloo_group):

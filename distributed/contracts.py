@@ -22,6 +22,9 @@ class ModelSpec:
     seed:       random weights drawn on each rank from this seed (benchmarks), with `config`.
 
     fsdp: shard the blocks over the group (sharded_blocks.py) instead of a whole copy per rank.
+    loras: with `checkpoint`, the LoRAs the rank brings the model to after loading it, as the
+           Wan LoRA Loader chain asked: (file, strength, mode, the file's (size, mtime_ns) when
+           the run was checked: a changed file is a different model for the rank's cache).
     """
     config: dict | None = None  # DiTConfig.to_dict()
     checkpoint: str | None = None
@@ -33,6 +36,7 @@ class ModelSpec:
     attention: str = "sdpa"
     compile: bool = False
     fsdp: bool = False
+    loras: tuple[tuple[str, float, str, tuple[int, int]], ...] = ()
 
     def key(self) -> tuple | None:
         """What identifies the loaded model in a rank's cache; None: not cached (a state dict
@@ -42,7 +46,7 @@ class ModelSpec:
         config = None if self.config is None else tuple(sorted(
             (k, str(v)) for k, v in self.config.items()))
         return (config, self.checkpoint, self.weight_dtype, self.golden, self.seed, self.dtype,
-                self.attention, self.compile, self.fsdp)
+                self.attention, self.compile, self.fsdp, self.loras)
 
 
 @dataclass(frozen=True)

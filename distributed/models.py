@@ -111,7 +111,15 @@ def _cpu_model(spec: ModelSpec) -> WanDiT:
         return build_golden(read_golden(spec.golden))
     if spec.checkpoint is not None:
         from ..pipeline.loading import load_model
-        return load_model(Path(spec.checkpoint), spec.weight_dtype, spec.attention).model
+        handle = load_model(Path(spec.checkpoint), spec.weight_dtype, spec.attention)
+        if spec.loras:
+            from ..lora.apply import LoraChoice, bring_to
+            bring_to(handle.model, Path(handle.info.path), handle.quantization,
+                     tuple(LoraChoice(Path(path), strength, mode)
+                           for path, strength, mode, _ in spec.loras))
+        return handle.model
+    if spec.loras:
+        raise ValueError("a model spec's loras apply to a checkpoint only")
     if spec.state is not None:
         dtype = DTYPES[spec.dtype]
         model = WanDiT(DiTConfig.from_dict(spec.config), compute_dtype=dtype)

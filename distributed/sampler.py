@@ -3,15 +3,16 @@ the warm worker group and wait, relaying progress and interrupts.
 
 Everything that can be refused is refused before a worker starts or a weight loads: more GPUs
 than there are (naming `gpus` and the count found), block swap (each rank holds its model
-whole or sharded), a model not loaded from a file (the ranks load it themselves), and a
-model, video and GPU count whose per-rank estimate does not fit (memory.py).
+whole or sharded), a model not loaded from a file (the ranks load it themselves), a LoRA file
+that cannot be read (the ranks apply a model's LoRAs after loading it), and a model, video and
+GPU count whose per-rank estimate does not fit (memory.py).
 After the run each rank's metrics go into the memory event log (stage "ranks").
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -35,6 +36,7 @@ class GroupRun:
     device_type: str
     mode: str = "auto"
     estimate: RankEstimate | None = None  # what one rank needs (memory.py)
+    loras: list[tuple] = field(default_factory=list)  # per handle: ModelSpec.loras
 
     @classmethod
     def checked(cls, model, low_noise_model, latent_shape, settings) -> "GroupRun":
@@ -46,26 +48,27 @@ class GroupRun:
                              f"over several GPUs each holds its model whole or sharded: use "
                              f"block_swap 0 (and fsdp to shard)")
         handles = [model] if low_noise_model is None else [model, low_noise_model]
-        for field, handle in zip(("model", "low_noise_model"), handles):
-            if getattr(handle, "loras", None):
-                raise InputError(f"{field}: {handle.name} carries LoRAs, which the GPUs' "
-                                 f"processes do not apply; use gpus 1 with LoRAs")
+        loras = []
+        for name, handle in zip(("model", "low_noise_model"), handles):
             if handle.weight_dtype is None or handle.info is None:
-                raise InputError(f"{field}: {handle.name} was not loaded from a file by Wan "
+                raise InputError(f"{name}: {handle.name} was not loaded from a file by Wan "
                                  f"Model Loader; the GPUs' processes load the model from its "
                                  f"file")
+            loras.append(_lora_specs(name, handle))
         wants_uncond = settings.cfg != 1 or settings.cfg_low_noise not in (None, 1)
         device_type = worker_device_type()
         run = cls(handles, settings.gpus, settings.fsdp, wants_uncond and settings.gpus % 2 == 0,
-                  device_type)
+                  device_type, loras=loras)
         run.estimate = check_fits_group(handles, latent_shape, settings.gpus, settings.fsdp,
                                         run.cfg_parallel, device_type)
         return run
 
     def specs(self) -> tuple[ModelSpec, ...]:
+        loras = self.loras or [()] * len(self.handles)
         return tuple(ModelSpec(checkpoint=str(h.info.path), weight_dtype=h.weight_dtype,
-                               attention=h.attention, compile=h.compile, fsdp=self.fsdp)
-                     for h in self.handles)
+                               attention=h.attention, compile=h.compile, fsdp=self.fsdp,
+                               loras=chosen)
+                     for h, chosen in zip(self.handles, loras))
 
     def sample(self, start: torch.Tensor, cond, uncond, settings, schedule, *,
                boundary: float | None = None, first_frame=None, y=None, clip_tokens=None,
@@ -103,6 +106,22 @@ class GroupRun:
         for metrics in result.metrics:
             record_event(f"rank {metrics['rank']}", stage=METRICS_STAGE,
                          extra={**common, **metrics})
+
+
+def _lora_specs(name: str, handle) -> tuple:
+    """The handle's LoRAs as the ranks apply them (ModelSpec.loras), each file checked now."""
+    from ..lora.apply import file_stamp
+
+    specs = []
+    for choice in getattr(handle, "loras", ()):
+        try:
+            stamp = file_stamp(choice.path)
+        except OSError as exc:
+            raise InputError(f"{name}: its LoRA {choice.name} cannot be read "
+                             f"({exc.strerror or exc}); the GPUs' processes apply it from its "
+                             f"file") from exc
+        specs.append((str(choice.path), float(choice.strength), choice.mode, stamp))
+    return tuple(specs)
 
 
 def _cpu(tensor):

@@ -9,12 +9,14 @@ import torch
 from wan_enhanced import host
 from wan_enhanced.checkpoints import tiny
 from wan_enhanced.distributed import group as group_module
+from wan_enhanced.lora.tiny import random_lora, write_lora
 from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
 from wan_enhanced.nodes.common import NodeInputError, NodeRunError
 from wan_enhanced.profiling.events import start_run
 
 DIT, VAE, TE = "tiny_t2v.safetensors", "tiny_vae21.safetensors", "tiny_umt5.safetensors"
 TI2V, VAE22 = "tiny_ti2v.safetensors", "tiny_vae22.safetensors"
+LORA = "tiny_lora.safetensors"
 TOLERANCE = 2e-6  # relative to max |latent|: float32 rounding
 
 from test_sharded_blocks import held_with_sharded_blocks
@@ -26,6 +28,8 @@ def models(tmp_path_factory):
     tiny.write_models_folder(root, dit_name=DIT, vae_name=VAE, text_encoder_name=TE, kind="t2v")
     tiny.write_models_folder(root, dit_name=TI2V, vae_name=VAE22, text_encoder_name=TE,
                              kind="ti2v")
+    write_lora(root / "loras" / LORA, random_lora(tiny.TINY_DIT["t2v"], seed=3, alpha=4.0),
+               "kohya")
     return root
 
 
@@ -135,6 +139,27 @@ def test_start_image_with_per_frame_timesteps(cpu_ranks):
     out = sample(inputs, gpus=3)
     assert _close(out, reference)
     assert torch.allclose(out[:, :, :1], latent["first_frame"], atol=1e-5)
+
+
+@pytest.mark.parametrize("mode,fsdp", [("merge", False), ("unmerged", True)])
+def test_loras_are_applied_by_every_rank(inputs, models, mode, fsdp):
+    """A LoRA chained on the model: every rank brings its copy (or its shards) to the same
+    LoRA, so the split run gives the one-process latent with the LoRA, not without it."""
+    model, positive, negative, latent = inputs
+    (with_lora,) = node("LoRALoader").load(model, LORA, 0.8, mode)
+    lora_inputs = (with_lora, positive, negative, latent)
+    plain = sample(inputs, steps=2)
+    reference = sample(lora_inputs, steps=2)
+    split = sample(lora_inputs, steps=2, gpus=2, fsdp=fsdp)
+    assert _close(split, reference)
+    assert not _close(plain, reference)
+    # the file changed after the run was checked: refused by name before the ranks start
+    (models / "loras" / LORA).rename(models / "loras" / "gone.safetensors")
+    try:
+        with pytest.raises(NodeInputError, match=f"model: its LoRA {LORA} cannot be read"):
+            sample(lora_inputs, steps=2, gpus=2)
+    finally:
+        (models / "loras" / "gone.safetensors").rename(models / "loras" / LORA)
 
 
 def test_a14b_experts_switch_under_fsdp(inputs):

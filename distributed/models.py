@@ -16,11 +16,13 @@ from typing import Iterator
 import torch
 
 from ..checkpoints.tiny import randomize
+from ..offload.packed_blocks import BlockLayout, block_tensors
 from ..wan.configs import DiTConfig
 from ..wan.dit import WanDiT, keeps_float32
 from .contracts import ModelSpec
-from ..offload.packed_blocks import BlockLayout, block_tensors
 from .sharded_blocks import ShardedBlocks, ShardStore
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -50,8 +52,6 @@ class RankModel:
     def close(self) -> None:
         if self.shards is not None:
             self.shards.close()
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def rank_models(state, specs: list[ModelSpec]) -> list[RankModel]:

@@ -1,5 +1,6 @@
 """`wan-enhanced golden FILE...`: check our components against reference files; with
-`--sequence-parallel N` the DiT files run with the model split over N CPU processes (gloo)."""
+`--sequence-parallel N` the DiT files run with the model split over N CPU processes (gloo), and
+with `--fsdp` also their blocks sharded over those processes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def add_parser(subparsers) -> None:
                    help="run the DiT files with the token sequence split over N CPU processes "
                         "(torch.distributed, gloo): Ulysses attention where the heads divide by "
                         "N, ring attention otherwise; other files run in this process")
+    p.add_argument("--fsdp", action="store_true",
+                   help="with --sequence-parallel: shard the DiT's blocks over the processes too "
+                        "(each block gathered just before it computes), as the sampler's fsdp")
     p.set_defaults(func=run)
 
 
@@ -36,6 +40,10 @@ def _processes(text: str) -> int:
 
 
 def run(args) -> int:
+    if args.fsdp and args.sequence_parallel < 2:
+        print("ERROR --fsdp shards the blocks over the processes of --sequence-parallel N: "
+              "expected N >= 2")
+        return 2
     group = None
     failed = 0
     try:
@@ -45,8 +53,9 @@ def run(args) -> int:
             try:
                 if args.sequence_parallel > 1 and _is_dit(path):
                     group = group or _start_group(args.sequence_parallel)
-                    report, used = _split(path, group)
-                    note = f", split over {args.sequence_parallel} processes, {used} attention"
+                    report, used = _split(path, group, args.fsdp)
+                    note = (f", split over {args.sequence_parallel} processes, {used} attention"
+                            f"{', blocks sharded' if args.fsdp else ''}")
                 else:
                     report = check_file(path)
                     if args.sequence_parallel > 1:
@@ -82,6 +91,6 @@ def _start_group(world: int):
     return WorkerGroup(world, "cpu").start()
 
 
-def _split(path: str, group):
+def _split(path: str, group, fsdp: bool):
     from ..distributed.golden import check_file_split
-    return check_file_split(path, group)
+    return check_file_split(path, group, fsdp=fsdp)

@@ -23,6 +23,16 @@ def test_split_files_pass_at_single_process_accuracy(golden_dir, gloo_group, wor
     assert max(s.max_rel for s in report.scores) < 2e-6  # as the single-process forward
 
 
+@pytest.mark.parametrize("name", FILES)
+def test_split_and_sharded_files_pass_at_single_process_accuracy(golden_dir, gloo_group, name):
+    """The blocks sharded over the processes too (fsdp): each block gathered into the ring just
+    before it computes gives the same forwards."""
+    report, mode = check_file_split(golden_dir / f"{name}.safetensors", gloo_group(3), fsdp=True)
+    assert mode == "ring"
+    assert report.passed and len(report.scores) == (2 if name == "dit_wan21" else 3)
+    assert max(s.max_rel for s in report.scores) < 2e-6
+
+
 def test_uneven_lengths_are_in_the_files(golden_dir):
     """The claim in this module's docstring: the cases' token counts."""
     from wan_enhanced.conformance.golden_file import read_golden
@@ -54,6 +64,17 @@ def test_command(golden_dir, capsys):
     assert out.count("split over 3 processes, ring attention") == 2
     assert "in this process: only DiT files run split" in out
     assert "3/3 files passed" in out and "FAIL" not in out
+
+
+def test_command_with_fsdp(golden_dir, capsys):
+    files = [str(golden_dir / f"{n}.safetensors") for n in FILES]
+    assert main(["golden", "--sequence-parallel", "2", "--fsdp", *files]) == 0
+    out = capsys.readouterr().out
+    assert out.count("split over 2 processes, ulysses attention, blocks sharded") == 2
+    assert "2/2 files passed" in out
+    assert main(["golden", "--fsdp", *files]) == 2
+    assert "--fsdp shards the blocks over the processes of --sequence-parallel N" in \
+        capsys.readouterr().out
 
 
 @pytest.mark.parametrize("value", ["0", "x", "65"])

@@ -69,7 +69,8 @@ class ShardStore:
         self.buffer = self._allocate(end)
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
-        if self.device.type != "cuda" or self.world == 1 or os.environ.get(FORCE_ALL_GATHER) == "1":
+        forced = os.environ.get(FORCE_ALL_GATHER) == "1"
+        if self.device.type != "cuda" or self.world == 1 or forced:
             return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
         buffer, problem = _symmetric_buffer(nbytes, self.device)
         # every rank takes the same path, or the fills would not pair up

@@ -1,7 +1,7 @@
 """The sampler node's `gpus` input, run by the warm worker group on gloo processes
 (WAN_ENHANCED_DEVICE=cpu): the same latent as one process (sequence parallel, CFG parallel,
-both at 4 ranks, sharded blocks (fsdp), the A14B expert switch), interrupts, a rank killed mid-run, and every
-refusal before anything starts."""
+both at 4 ranks, sharded blocks (fsdp), LoRAs, the A14B expert switch), interrupts, a rank
+killed mid-run, and every refusal before anything starts."""
 
 import pytest
 import torch

@@ -112,13 +112,26 @@ class ShardStore:
 
     def sealed(self) -> "ShardStore":
         """Every rank's chunks stored before any rank reads a peer's (a barrier)."""
+        self._everyone_here()
+        return self
+
+    def release(self) -> None:
+        """Let the chunks go once no rank can still be copying from them (with peer copies a
+        barrier: the other ranks' last fills read this rank's store). Collective, as creating
+        the store was."""
+        if self.peers is not None:
+            self._everyone_here()
+        self.peers = None
+        self.buffer = torch.empty(0, dtype=torch.uint8, device=self.device)
+
+    def _everyone_here(self) -> None:
+        """This rank's queued GPU work done, then a barrier of the group."""
         if self.world > 1:
             import torch.distributed as dist
 
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             dist.barrier(group=self.group)
-        return self
 
     def fill(self, target: torch.Tensor, index: int) -> None:
         """The whole packed block `index` into `target` (uint8 [padded]), queued on the current
@@ -191,6 +204,11 @@ class ShardedBlocks(BlockRing):
 
     def _transfer(self, target: torch.Tensor, position: int) -> None:
         self.store.fill(target, position)
+
+    def close(self) -> None:
+        """The ring closed (every fill done), then the store released (collective)."""
+        super().close()
+        self.store.release()
 
     def shard_bytes(self) -> int:
         """The bytes of this rank's chunks."""

@@ -72,11 +72,12 @@ def sharded_blocks(state, payload):
     with ShardedBlocks(list(model.blocks), store.sealed(), idle) as ring:
         outs = [model(x, t, context, compiled=compiled, blocks=ring.blocks())
                 for _ in range(payload.get("forwards", 3))]
-        held, slots = ring.shard_bytes(), ring.device_bytes()
+        held, slots, peers = ring.shard_bytes(), ring.device_bytes(), store.peer_copies
     return {"equal": [torch.equal(o, expected) for o in outs],
             "after_numel": sum(t.numel() for b in model.blocks for t in block_tensors(b)),
             "held": held, "slots": slots, "whole": sum(x.total for x in layouts),
-            "max_block": max(x.total for x in layouts), "peer_copies": store.peer_copies}
+            "max_block": max(x.total for x in layouts), "peer_copies": peers,
+            "released": store.nbytes() == 0 and not store.peer_copies}
 
 
 def fsdp_vote(state, against):

@@ -37,6 +37,7 @@ def test_sharded_forwards_equal_the_whole_model(gloo_group, world, dtype):
     assert facts["equal"] == [True, True, True]
     # between forwards a block holds nothing of its own, and a rank its chunk of each block
     assert facts["after_numel"] == 0 and not facts["peer_copies"]  # the CPU: all-gathers
+    assert facts["released"]  # closing the ring let the chunks go
     unit = world * ALIGNMENT
     assert facts["whole"] / world <= facts["held"] <= facts["whole"] / world + BLOCKS * ALIGNMENT
     assert facts["slots"] == 2 * (-(-facts["max_block"] // unit) * unit)
@@ -77,7 +78,7 @@ def test_on_gpus_with_peer_copies_or_all_gathers(monkeypatch, all_gather):
         group.shutdown()
     facts = results if isinstance(results, dict) else results[0]
     assert facts["equal"] == [True, True, True] and facts["after_numel"] == 0
-    assert facts["peer_copies"] is not all_gather
+    assert facts["peer_copies"] is not all_gather and facts["released"]
 
 
 def test_a_rank_keeps_its_chunk_of_the_packed_block():

@@ -22,6 +22,9 @@ class ModelSpec:
     seed:       random weights drawn on each rank from this seed (benchmarks), with `config`.
 
     fsdp: shard the blocks over the group (sharded_blocks.py) instead of a whole copy per rank.
+    load_in_turns: the ranks load the model one after another instead of all at once (the driver
+           asks for it where a copy per rank would not fit the host's free memory); the model is
+           the same either way.
     loras: with `checkpoint`, the LoRAs the rank brings the model to after loading it, as the
            Wan LoRA Loader chain asked: (file, strength, mode, the file's (size, mtime_ns) when
            the run was checked: a changed file is a different model for the rank's cache).
@@ -37,6 +40,7 @@ class ModelSpec:
     compile: bool = False
     fsdp: bool = False
     loras: tuple[tuple[str, float, str, tuple[int, int]], ...] = ()
+    load_in_turns: bool = False
 
     def key(self) -> tuple | None:
         """What identifies the loaded model in a rank's cache; None: not cached (a state dict

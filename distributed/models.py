@@ -20,7 +20,7 @@ from ..offload.packed_blocks import BlockLayout, block_tensors
 from ..wan.configs import DiTConfig
 from ..wan.dit import WanDiT, keeps_float32
 from .contracts import ModelSpec
-from .sharded_blocks import ShardedBlocks, ShardStore
+from .sharded_blocks import ShardedBlocks, ShardStore, pack_chunk, to_placeholders
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -79,13 +79,54 @@ def build(spec: ModelSpec, device: torch.device) -> RankModel:
     if spec.seed is not None:
         return random_model(DiTConfig.from_dict(spec.config), spec.seed, device,
                             DTYPES[spec.dtype], spec.fsdp)
-    model = _cpu_model(spec).eval().requires_grad_(False)
     if not spec.fsdp:
-        return RankModel(model.to(device))
-    store = _store([BlockLayout.of(block_tensors(b)) for b in model.blocks], device)
-    idle = [store.put(index, block) for index, block in enumerate(model.blocks)]
+        if not spec.load_in_turns:
+            return RankModel(_cpu_model(spec).eval().requires_grad_(False).to(device))
+        return RankModel(_in_turns(lambda: _cpu_model(spec).eval().requires_grad_(False)
+                                   .to(device)))
+    if not spec.load_in_turns:
+        model = _cpu_model(spec).eval().requires_grad_(False)
+        store = _store([BlockLayout.of(block_tensors(b)) for b in model.blocks], device)
+        idle = [store.put(index, block) for index, block in enumerate(model.blocks)]
+    else:
+        # this rank's chunks wait in host memory (1/world of the blocks) until the store, which
+        # every rank creates together, exists
+        model, layouts, chunks, idle = _in_turns(lambda: _chunks_on_host(spec, device))
+        store = _store(layouts, device)
+        for index, chunk in enumerate(chunks):
+            store.keep(index, chunk)
+        del chunks
     _place_rest(model, device)
     return RankModel(model, ShardedBlocks(list(model.blocks), store.sealed(), idle))
+
+
+def _in_turns(load):
+    """load() on one rank after another (a barrier between turns): the host holds one rank's
+    freshly loaded copy of the model at a time, not one per rank."""
+    import torch.distributed as dist
+
+    result = None
+    for turn in range(dist.get_world_size()):
+        if turn == dist.get_rank():
+            result = load()
+            gc.collect()
+        dist.barrier()
+    return result
+
+
+def _chunks_on_host(spec: ModelSpec, device: torch.device):
+    """The model loaded on the CPU, its blocks' layouts, this rank's chunk of each (host
+    memory) and the placeholders its block tensors became."""
+    import torch.distributed as dist
+
+    model = _cpu_model(spec).eval().requires_grad_(False)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    layouts = [BlockLayout.of(block_tensors(b)) for b in model.blocks]
+    chunks, idle = [], []
+    for index, (block, layout) in enumerate(zip(model.blocks, layouts)):
+        chunks.append(pack_chunk(block, index, layout, rank, world))
+        idle.append(to_placeholders(block, device))
+    return model, layouts, chunks, idle
 
 
 def _store(layouts: list[BlockLayout], device: torch.device) -> ShardStore:

@@ -67,7 +67,7 @@ class GroupRun:
         loras = self.loras or [()] * len(self.handles)
         return tuple(ModelSpec(checkpoint=str(h.info.path), weight_dtype=h.weight_dtype,
                                attention=h.attention, compile=h.compile, fsdp=self.fsdp,
-                               loras=chosen)
+                               loras=chosen, load_in_turns=load_in_turns(h, self.gpus))
                      for h, chosen in zip(self.handles, loras))
 
     def sample(self, start: torch.Tensor, cond, uncond, settings, schedule, *,
@@ -106,6 +106,16 @@ class GroupRun:
         for metrics in result.metrics:
             record_event(f"rank {metrics['rank']}", stage=METRICS_STAGE,
                          extra={**common, **metrics})
+
+
+def load_in_turns(handle, ranks: int) -> bool:
+    """Whether the ranks should load `handle`'s model one after another: each loads its own copy
+    on the host before placing or sharding it, and `ranks` copies at once would not fit what the
+    host has free now."""
+    from ..pipeline import memory_guard as guard
+    from ..pipeline.placement import tensor_bytes
+
+    return ranks * tensor_bytes(handle.model) > guard.free_bytes("cpu")
 
 
 def _lora_specs(name: str, handle) -> tuple:

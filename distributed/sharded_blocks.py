@@ -92,23 +92,13 @@ class ShardStore:
 
     def put(self, index: int, block: nn.Module) -> list[torch.Tensor]:
         """Keep this rank's chunk of `block` (its tensors on any device) and turn its tensors into
-        empty placeholders, which are returned. The whole packed block exists once, briefly, on
-        the device its first tensor is on."""
-        tensors = block_tensors(block)
-        layout = self.layouts[index]
-        if BlockLayout.of(tensors) != layout:
-            raise ValueError(f"fsdp: block {index} is not laid out as the store expects")
-        home = tensors[0].device if tensors else self.device
-        packed = torch.zeros(self.padded[index], dtype=torch.uint8, device=home)
-        for tensor, view in zip(tensors, layout.views(packed)):
-            view.copy_(tensor.data)
-        size = self.padded[index] // self.world
-        self.chunk(index).copy_(packed[self.rank * size:(self.rank + 1) * size])
-        del packed
-        placeholders = [torch.empty(0, dtype=t.dtype, device=self.device) for t in tensors]
-        for tensor, placeholder in zip(tensors, placeholders):
-            tensor.data = placeholder
-        return placeholders
+        empty placeholders, which are returned."""
+        self.keep(index, pack_chunk(block, index, self.layouts[index], self.rank, self.world))
+        return to_placeholders(block, self.device)
+
+    def keep(self, index: int, chunk: torch.Tensor) -> None:
+        """This rank's chunk of block `index` (pack_chunk's, from any device) into the store."""
+        self.chunk(index).copy_(chunk)
 
     def sealed(self) -> "ShardStore":
         """Every rank's chunks stored before any rank reads a peer's (a barrier)."""
@@ -152,6 +142,32 @@ class ShardStore:
 
     def nbytes(self) -> int:
         return self.buffer.numel()
+
+
+def pack_chunk(block: nn.Module, index: int, layout: BlockLayout, rank: int,
+               world: int) -> torch.Tensor:
+    """Chunk `rank` of `world` of block `index`'s packed bytes, on the device its tensors are
+    on. The whole packed block exists once, briefly, beside the block."""
+    tensors = block_tensors(block)
+    if BlockLayout.of(tensors) != layout:
+        raise ValueError(f"fsdp: block {index} is not laid out as the store expects")
+    padded = padded_size(layout, world)
+    packed = torch.zeros(padded, dtype=torch.uint8,
+                         device=tensors[0].device if tensors else "cpu")
+    for tensor, view in zip(tensors, layout.views(packed)):
+        view.copy_(tensor.data)
+    size = padded // world
+    return packed[rank * size:(rank + 1) * size].clone()
+
+
+def to_placeholders(block: nn.Module, device: torch.device) -> list[torch.Tensor]:
+    """The block's tensors become empty placeholders on `device` (their dtypes kept), which are
+    returned: its weights are let go."""
+    tensors = block_tensors(block)
+    placeholders = [torch.empty(0, dtype=t.dtype, device=device) for t in tensors]
+    for tensor, placeholder in zip(tensors, placeholders):
+        tensor.data = placeholder
+    return placeholders
 
 
 def _symmetric_buffer(nbytes: int, device: torch.device):

@@ -85,3 +85,19 @@ def fsdp_vote(state, against):
     from wan_enhanced.distributed.sharded_blocks import _everyone
 
     return _everyone(state.rank != against, state.device, None)
+
+
+def loads_in_turns(state, seconds):
+    """distributed.models._in_turns with a load that takes `seconds`: each rank's (start, end),
+    gathered to every rank."""
+    from wan_enhanced.distributed.models import _in_turns
+
+    def load():
+        began = time.time()
+        time.sleep(seconds)
+        return (state.rank, began, time.time())
+
+    mine = _in_turns(load)
+    everyone = [None] * state.world
+    dist.all_gather_object(everyone, mine)
+    return everyone

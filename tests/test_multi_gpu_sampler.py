@@ -162,6 +162,36 @@ def test_loras_are_applied_by_every_rank(inputs, models, mode, fsdp):
         (models / "loras" / "gone.safetensors").rename(models / "loras" / LORA)
 
 
+def test_ranks_load_in_turns_one_after_another(gloo_group):
+    spans = gloo_group(3).run("dist_tasks:loads_in_turns", 0.2)
+    assert [rank for rank, _, _ in spans] == [0, 1, 2]
+    assert all(spans[i][2] <= spans[i + 1][1] for i in range(2))  # no two loads at once
+
+
+def test_turns_are_asked_for_when_a_copy_per_rank_does_not_fit_the_host(inputs, monkeypatch):
+    from wan_enhanced.distributed import sampler as driver
+    from wan_enhanced.pipeline import memory_guard
+    from wan_enhanced.pipeline.placement import tensor_bytes
+
+    model = inputs[0]
+    size = tensor_bytes(model.model)
+    monkeypatch.setattr(memory_guard, "free_bytes", lambda device: 3 * size)
+    assert not driver.load_in_turns(model, 3) and driver.load_in_turns(model, 4)
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_models_loaded_in_turns_give_the_same_latent(inputs, monkeypatch, fsdp):
+    from wan_enhanced.distributed import sampler as driver
+
+    reference = sample(inputs, steps=2)
+    group_module.shutdown_worker_group()  # fresh ranks: nothing cached, every model loads
+    asked = []
+    monkeypatch.setattr(driver, "load_in_turns",
+                        lambda handle, ranks: asked.append(ranks) or True)
+    assert _close(sample(inputs, steps=2, gpus=3, fsdp=fsdp), reference)
+    assert asked == [3]
+
+
 def test_a14b_experts_switch_under_fsdp(inputs):
     """The high-noise expert with guidance, the low-noise one without (its steps run one
     forward over all ranks), both sharded."""

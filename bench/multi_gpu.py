@@ -185,7 +185,7 @@ def markdown(report: dict) -> str:
         peaks = [(m["reserved_peak_bytes"] or m["rss_peak_bytes"])
                  + (m.get("outside_allocator_bytes") or 0) for m in r["ranks"]]
         lines.append(
-            f"| {r['gpus']} | {_yes(r['fsdp'])} | {r['mode']} | {r['seconds_per_forward']:.3f} | "
+            f"| {r['gpus']} | {_fsdp(r)} | {r['mode']} | {r['seconds_per_forward']:.3f} | "
             f"{_num(r.get('speedup'), 2)} | {_target(r['gpus'])} | "
             f"{_pct(r.get('fsdp_overhead'))} | {_num(r.get('relative_difference'), 2, 'e')} | "
             f"{rank0['all_to_all_seconds_per_forward']:.3f} | "
@@ -195,6 +195,12 @@ def markdown(report: dict) -> str:
               "outside it (with fsdp on GPUs: its chunks of the blocks, in symmetric memory); the "
               "process's peak RSS on the CPU. Per-rank metrics of every row are in the JSON."]
     return "\n".join(lines) + "\n"
+
+
+def _fsdp(row: dict) -> str:
+    """on / off, and with fsdp how the blocks came together (rank 0's metric)."""
+    fill = row["ranks"][0].get("fsdp_fill") if row.get("ranks") else None
+    return f"{_yes(row['fsdp'])} ({fill})" if fill else _yes(row["fsdp"])
 
 
 def _yes(flag) -> str:

@@ -9,6 +9,8 @@ each rank (profiling/events.py) and the reports show.
     reserved_peak_bytes, allocated_peak_bytes    the torch allocator's peaks (GPU; None on CPU)
     rss_peak_bytes          the process's peak resident memory
     weight_bytes            the model weights this rank holds (its shards, with fsdp)
+    fsdp_fill               with fsdp, how a block's chunks come together: "peer copies" or
+                            "all-gathers" (None without fsdp)
     outside_allocator_bytes device memory held outside the torch allocator (with fsdp on GPUs:
                             the store of this rank's chunks, in symmetric memory), not in the
                             allocator's peaks
@@ -35,6 +37,7 @@ class RankMeter:
         self.began = time.perf_counter()
         self.weight_bytes = 0
         self.outside_allocator_bytes = 0
+        self.fsdp_fill: str | None = None
 
     def finish(self) -> dict:
         summary = self.stats.summary()  # synchronizes the GPU first
@@ -47,7 +50,8 @@ class RankMeter:
                 "allocated_peak_bytes": torch.cuda.max_memory_allocated(self.device) if cuda
                 else None,
                 "rss_peak_bytes": peak_rss_bytes(), "weight_bytes": self.weight_bytes,
-                "outside_allocator_bytes": self.outside_allocator_bytes}
+                "outside_allocator_bytes": self.outside_allocator_bytes,
+                "fsdp_fill": self.fsdp_fill}
 
 
 def peak_rss_bytes() -> int:

@@ -42,6 +42,12 @@ class RankModel:
                     for t in [*self.model.parameters(), *self.model.buffers()])
         return total + (0 if self.shards is None else self.shards.shard_bytes())
 
+    def fsdp_fill(self) -> str | None:
+        """How a block's chunks come together ("peer copies", "all-gathers"); None unsharded."""
+        if self.shards is None:
+            return None
+        return "peer copies" if self.shards.store.peer_copies else "all-gathers"
+
     def outside_allocator_bytes(self) -> int:
         """Device memory this model holds outside the torch allocator: the fsdp store, when it
         is in symmetric memory."""

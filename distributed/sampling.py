@@ -25,6 +25,7 @@ def sample(state, request: SampleRequest) -> SampleResult:
     models = rank_models(state, list(request.models))
     meter.weight_bytes = sum(m.weight_bytes() for m in models)
     meter.outside_allocator_bytes = sum(m.outside_allocator_bytes() for m in models)
+    meter.fsdp_fill = models[0].fsdp_fill() if models else None
     topo = topology(state)
     device = state.device
     y = _on(request.y, device)

@@ -26,6 +26,7 @@ def forward(state, request: ForwardRequest) -> ForwardResult:
     (rank_model,) = rank_models(state, [request.model])
     meter.weight_bytes = rank_model.weight_bytes()
     meter.outside_allocator_bytes = rank_model.outside_allocator_bytes()
+    meter.fsdp_fill = rank_model.fsdp_fill()
     split = SequenceSplit(None, request.mode, meter.stats) if state.world > 1 else None
     outputs, seconds = [], []
     device = state.device

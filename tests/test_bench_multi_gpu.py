@@ -32,10 +32,12 @@ def test_quick_run(tmp_path):
     assert shard == held_with_sharded_blocks(model, whole, world=2)
     # on the CPU the chunks are ordinary (allocator) memory: nothing held outside it
     assert [m["outside_allocator_bytes"] for m in rows[2]["ranks"]] == [0, 0]
+    assert [m["fsdp_fill"] for m in rows[2]["ranks"]] == ["all-gathers"] * 2
+    assert rows[1]["ranks"][0]["fsdp_fill"] is None
     assert report["environment"] == {"NCCL_NVLS_ENABLE": "0",
                                      "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
     table = (tmp_path / "multi_gpu.md").read_text()
-    assert table.count("| ok |") == 3 and "| 2 | on | ulysses |" in table
+    assert table.count("| ok |") == 3 and "| 2 | on (all-gathers) | ulysses |" in table
 
 
 def test_plan_and_refusals(tmp_path, capsys):

@@ -85,23 +85,16 @@ def build(spec: ModelSpec, device: torch.device) -> RankModel:
     if spec.seed is not None:
         return random_model(DiTConfig.from_dict(spec.config), spec.seed, device,
                             DTYPES[spec.dtype], spec.fsdp)
+    load = _in_turns if spec.load_in_turns else (lambda loader: loader())
     if not spec.fsdp:
-        if not spec.load_in_turns:
-            return RankModel(_cpu_model(spec).eval().requires_grad_(False).to(device))
-        return RankModel(_in_turns(lambda: _cpu_model(spec).eval().requires_grad_(False)
-                                   .to(device)))
-    if not spec.load_in_turns:
-        model = _cpu_model(spec).eval().requires_grad_(False)
-        store = _store([BlockLayout.of(block_tensors(b)) for b in model.blocks], device)
-        idle = [store.put(index, block) for index, block in enumerate(model.blocks)]
-    else:
-        # this rank's chunks wait in host memory (1/world of the blocks) until the store, which
-        # every rank creates together, exists
-        model, layouts, chunks, idle = _in_turns(lambda: _chunks_on_host(spec, device))
-        store = _store(layouts, device)
-        for index, chunk in enumerate(chunks):
-            store.keep(index, chunk)
-        del chunks
+        return RankModel(load(lambda: _cpu_model(spec).eval().requires_grad_(False).to(device)))
+    # this rank's chunks of the blocks wait in host memory (1/world of them) until the store,
+    # which every rank creates together, exists
+    model, layouts, chunks, idle = load(lambda: _chunks_on_host(spec, device))
+    store = _store(layouts, device)
+    for index, chunk in enumerate(chunks):
+        store.keep(index, chunk)
+    del chunks
     _place_rest(model, device)
     return RankModel(model, ShardedBlocks(list(model.blocks), store.sealed(), idle))
 

@@ -27,7 +27,7 @@ class RankRow:
     gather_s: float | None
     cfg_s: float | None
     cfg_bytes: int | None
-    reserved_peak: int | None
+    device_peak: int | None  # the allocator's reserved peak and what the rank held outside it
     weights: int | None
 
 
@@ -59,7 +59,14 @@ def _row(extra: dict) -> RankRow:
                    get("compute_seconds"), get("forwards"), get("all_to_all_seconds"),
                    get("all_to_all_bytes"), get("ring_seconds"), get("ring_bytes"),
                    get("gather_seconds"), get("cfg_seconds"), get("cfg_bytes"),
-                   get("reserved_peak_bytes"), get("weight_bytes"))
+                   _device_peak(extra), get("weight_bytes"))
+
+
+def _device_peak(extra: dict) -> int | None:
+    """The allocator's reserved peak plus what the rank held outside the allocator (with fsdp on
+    GPUs its chunks of the blocks, in symmetric memory)."""
+    reserved = extra.get("reserved_peak_bytes")
+    return None if reserved is None else reserved + (extra.get("outside_allocator_bytes") or 0)
 
 
 def render_ranks(runs: list[RankRun]) -> list[str]:
@@ -69,7 +76,9 @@ def render_ranks(runs: list[RankRun]) -> list[str]:
              "Each rank of the worker group, per sampling run: its whole request, the compute "
              "inside its model forwards (forwards less the communication in them), the "
              "communication (Ulysses all-to-all, ring passes, the velocities swapped between "
-             "CFG halves) with the bytes this rank sent, and its allocator's reserved peak."]
+             "CFG halves) with the bytes this rank sent, and its device peak (the allocator's "
+             "reserved peak plus what it held outside the allocator: with fsdp on GPUs its chunks "
+             "of the blocks)."]
     for number, run in enumerate(runs, 1):
         mode = ", ".join(part for part in (
             f"{run.gpus} ranks" if run.gpus else None, "fsdp" if run.fsdp else None,
@@ -77,7 +86,7 @@ def render_ranks(runs: list[RankRun]) -> list[str]:
         lines += ["", f"Run {number} ({mode}):", "",
                   "| rank | device | request s | compute s | forwards | all-to-all s | "
                   "all-to-all MiB | ring s | ring MiB | gather s | CFG swap s | CFG MiB | "
-                  "reserved peak GiB | weights GiB |",
+                  "device peak GiB | weights GiB |",
                   "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in run.rows:
             lines.append(
@@ -85,7 +94,7 @@ def render_ranks(runs: list[RankRun]) -> list[str]:
                 f"{r.forwards if r.forwards is not None else 'n/a'} | {_s(r.all_to_all_s)} | "
                 f"{_mib(r.all_to_all_bytes)} | {_s(r.ring_s)} | {_mib(r.ring_bytes)} | "
                 f"{_s(r.gather_s)} | {_s(r.cfg_s)} | {_mib(r.cfg_bytes)} | "
-                f"{_gib(r.reserved_peak)} | {_gib(r.weights)} |")
+                f"{_gib(r.device_peak)} | {_gib(r.weights)} |")
     return lines
 
 

@@ -28,6 +28,14 @@ def test_one_table_per_run_one_row_per_rank():
            "1.0 | 40.00 | 7.00 |" in lines
 
 
+def test_device_peak_counts_what_a_rank_held_outside_the_allocator():
+    """fsdp on GPUs: the chunks of the blocks live in symmetric memory, which the allocator's
+    peak does not see."""
+    runs = rank_runs({"events": [_event(0, 0, outside_allocator_bytes=7 << 30)]})
+    assert runs[0].rows[0].device_peak == 47 << 30
+    assert "| 47.00 | 7.00 |" in render_ranks(runs)[-1]
+
+
 def test_logs_without_rank_events_have_no_section():
     assert rank_runs({"events": [{"stage": "sample", "extra": {"step": 1}}]}) == []
     assert render_ranks([]) == []

@@ -7,8 +7,9 @@ say (issue slots, the tensor and special-function pipes, warp stall reasons per 
 runs this under `ncu` (on a GPU machine that lets ncu read the counters; see the device notes).
 Alone it quantizes drawn operands (bench/fp8_attention_gpu.draw), warms the kernel up, then runs
 it `--launches` times between cudaProfilerStart and Stop, so that `ncu --profile-from-start off`
-measures those launches only, and prints the kernel's time per launch by CUDA events for
-comparison with ncu's (ncu fixes the clocks unless told otherwise).
+measures those launches only, and prints the kernel's median time per launch unprofiled
+(bench/fp8_attention_gpu.bench_ms) for comparison with ncu's (ncu fixes the clocks unless told
+otherwise).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 
 import torch
 
-from wan_enhanced.bench.fp8_attention_gpu import SHAPES, draw
+from wan_enhanced.bench.fp8_attention_gpu import SHAPES, bench_ms, draw
 
 
 def main(argv=None) -> int:
@@ -40,19 +41,10 @@ def main(argv=None) -> int:
     def run():
         fa.attend_quantized(ops, out, kernel=args.kernel)
 
-    for _ in range(5):
-        run()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / 20
+    ms = bench_ms(run)  # warms the kernel up, too
     flops = 4 * length * length * 128 * heads
     print(f"{args.kernel} kernel, {args.shape} ({length} tokens x {heads} heads): {ms:.3f} ms "
-          f"per launch, {flops / ms / 1e9:.0f} TFLOP/s (CUDA events, unprofiled)")
+          f"per launch, {flops / ms / 1e9:.0f} TFLOP/s (median, unprofiled)")
     torch.cuda.cudart().cudaProfilerStart()
     for _ in range(args.launches):
         run()

@@ -44,6 +44,7 @@ from wan_enhanced.atomic_files import write_atomically  # noqa: E402
 from wan_enhanced.bench.harness import device_name, save_result  # noqa: E402
 from wan_enhanced.distributed.contracts import ForwardCase, ForwardRequest, ModelSpec  # noqa: E402
 from wan_enhanced.distributed.devices import available  # noqa: E402
+from wan_enhanced.profiling.report_ranks import device_peak  # noqa: E402
 from wan_enhanced.distributed.errors import WorkerFailed  # noqa: E402
 from wan_enhanced.distributed.group import WorkerGroup  # noqa: E402
 from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig  # noqa: E402
@@ -181,9 +182,7 @@ def markdown(report: dict) -> str:
                          f"{r['status']} |")
             continue
         rank0 = r["ranks"][0]
-        # the allocator's peak and what the rank holds outside it (the fsdp store on GPUs)
-        peaks = [(m["reserved_peak_bytes"] or m["rss_peak_bytes"])
-                 + (m.get("outside_allocator_bytes") or 0) for m in r["ranks"]]
+        peaks = [device_peak(m) or m["rss_peak_bytes"] for m in r["ranks"]]
         lines.append(
             f"| {r['gpus']} | {_fsdp(r)} | {r['mode']} | {r['seconds_per_forward']:.3f} | "
             f"{_num(r.get('speedup'), 2)} | {_target(r['gpus'])} | "

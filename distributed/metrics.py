@@ -39,6 +39,13 @@ class RankMeter:
         self.outside_allocator_bytes = 0
         self.fsdp_fill: str | None = None
 
+    def held(self, models) -> None:
+        """What this rank's models (models.RankModel) hold: their weights, the device memory
+        outside the allocator, how fsdp fills their blocks."""
+        self.weight_bytes = sum(m.weight_bytes() for m in models)
+        self.outside_allocator_bytes = sum(m.outside_allocator_bytes() for m in models)
+        self.fsdp_fill = models[0].fsdp_fill() if models else None
+
     def finish(self) -> dict:
         summary = self.stats.summary()  # synchronizes the GPU first
         cuda = self.device.type == "cuda"

@@ -23,9 +23,7 @@ from .models import rank_models
 def sample(state, request: SampleRequest) -> SampleResult:
     meter = RankMeter(state.rank, state.device)
     models = rank_models(state, list(request.models))
-    meter.weight_bytes = sum(m.weight_bytes() for m in models)
-    meter.outside_allocator_bytes = sum(m.outside_allocator_bytes() for m in models)
-    meter.fsdp_fill = models[0].fsdp_fill() if models else None
+    meter.held(models)
     topo = topology(state)
     device = state.device
     y = _on(request.y, device)

@@ -24,9 +24,7 @@ def forward(state, request: ForwardRequest) -> ForwardResult:
     """DiT forwards with the token sequence split over the group (golden checks, benchmarks)."""
     meter = RankMeter(state.rank, state.device)
     (rank_model,) = rank_models(state, [request.model])
-    meter.weight_bytes = rank_model.weight_bytes()
-    meter.outside_allocator_bytes = rank_model.outside_allocator_bytes()
-    meter.fsdp_fill = rank_model.fsdp_fill()
+    meter.held([rank_model])
     split = SequenceSplit(None, request.mode, meter.stats) if state.world > 1 else None
     outputs, seconds = [], []
     device = state.device

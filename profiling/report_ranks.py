@@ -59,14 +59,15 @@ def _row(extra: dict) -> RankRow:
                    get("compute_seconds"), get("forwards"), get("all_to_all_seconds"),
                    get("all_to_all_bytes"), get("ring_seconds"), get("ring_bytes"),
                    get("gather_seconds"), get("cfg_seconds"), get("cfg_bytes"),
-                   _device_peak(extra), get("weight_bytes"))
+                   device_peak(extra), get("weight_bytes"))
 
 
-def _device_peak(extra: dict) -> int | None:
-    """The allocator's reserved peak plus what the rank held outside the allocator (with fsdp on
-    GPUs its chunks of the blocks, in symmetric memory)."""
-    reserved = extra.get("reserved_peak_bytes")
-    return None if reserved is None else reserved + (extra.get("outside_allocator_bytes") or 0)
+def device_peak(metrics: dict) -> int | None:
+    """Of one rank's metrics (distributed/metrics.py): the allocator's reserved peak plus what
+    the rank held outside the allocator (with fsdp on GPUs its chunks of the blocks, in
+    symmetric memory); None without a GPU peak."""
+    reserved = metrics.get("reserved_peak_bytes")
+    return None if reserved is None else reserved + (metrics.get("outside_allocator_bytes") or 0)
 
 
 def render_ranks(runs: list[RankRun]) -> list[str]:

@@ -27,6 +27,7 @@ import torch
 from .. import host
 from ..bench.harness import device_name, gib
 from ..profiling.events import start_run
+from ..profiling.report_ranks import device_peak
 from ..profiling.report_data import step_number
 from .bench_models import ensure_model_set
 from .stop_signals import FirstStopRaises
@@ -230,10 +231,8 @@ def rank_summary(events: list[dict]) -> dict:
 
     comm = sum(last[0].get(f"{kind}_seconds") or 0.0
                for kind in ("all_to_all", "ring", "gather", "cfg"))
-    # the allocator's peak and what a rank holds outside it (the fsdp store on GPUs)
-    outside = largest("outside_allocator_bytes") or 0
-    reserved = largest("reserved_peak_bytes")
-    return {"reserved_peak": None if reserved is None else reserved + outside,
+    peaks = [p for p in map(device_peak, last) if p is not None]
+    return {"reserved_peak": max(peaks) if peaks else None,
             "allocated_peak": largest("allocated_peak_bytes"), "comm_seconds": round(comm, 3)}
 
 

@@ -11,7 +11,7 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 if [ -z "$ncu" ]; then echo "run_kernel_counters.sh: no ncu here" >&2; exit 2; fi
 python3 bench/kernel_counters.py "$@" | tee "$out/events.txt"
 "$ncu" --profile-from-start off --kernel-name regex:attention_kernel --launch-count 1 \
-  --set full --import-source yes -f -o "$out/counters" \
+  --set full --clock-control none --import-source yes -f -o "$out/counters" \
   python3 bench/kernel_counters.py "$@" > "$out/ncu.log" 2>&1 || { tail -20 "$out/ncu.log"; exit 1; }
 "$ncu" --import "$out/counters.ncu-rep" --page details > "$out/details.txt"
 "$ncu" --import "$out/counters.ncu-rep" --page details --csv > "$out/details.csv"

@@ -2,23 +2,27 @@
 the numerics of fp8_attention_kernels.attention_kernel (its output is bitwise the same), with the
 work split between warps the way Hopper's asynchronous tensor cores want it.
 
-Imported only where Triton has Gluon (fp8_attention.py decides). One program takes 128 query rows
+Imported only where Triton has Gluon (fp8_attention.py decides). One program takes 192 query rows
 of one head:
-- a producer warp loads each block of 128 keys and values once, by TMA (the bulk copy engine),
-  into a ring of STAGES shared-memory buffers, signalled by mbarriers;
-- two consumer warp groups (64 query rows each) share every block and take turns on the tensor
-  cores: while one multiplies, the other runs its softmax (their turns are two mbarriers);
-- within a turn a group issues block j + 1's Q K^T and block j's P V together and waits only for
-  the first: block j + 1's softmax runs while block j's P V is still on the tensor cores. No
-  product is in flight across a loop iteration (ptxas would serialize every product then);
-- P becomes the P V product's operand in the registers that hold it: the values' keys are
-  stored in the order the scores' accumulator hands P to a thread (fp8_attention_kernels.
-  key_order), so no shuffles (in a 5B forward 3% faster; timed alone it was not);
-- registers move to the consumers (240 each; the producer keeps 24).
+- a producer (the default partition; one of its threads issues every copy) loads the rows and
+  then each block of 128 keys and values once, by TMA (the bulk copy engine), into a ring of
+  STAGES shared-memory buffers, signalled by mbarriers;
+- three consumer warp groups (64 query rows each) share every block. Per block a group stores
+  its P in fp8 to its own shared-memory buffer, takes its turn to issue P V (the turns, three
+  mbarriers, go round the groups so their products reach the tensor cores in order), waits for
+  it and adds it into its float32 accumulator, then issues the next block's Q K^T and runs that
+  block's softmax while the other groups multiply. Three groups keep three warps' softmax on
+  each scheduler where two left it with one (Nsight Compute: issue slots 45% busy, a lone warp's
+  dependent exponentials); their registers (160 a thread, the accumulator and the scores
+  mostly) leave no room for P as a register operand, hence the shared buffer;
+- P's columns are stored in the order of V's keys (fp8_attention_kernels.key_order): the values
+  are stored so, and the product sums over keys in any order.
 
 Operands as fp8_attention_kernels documents (q8, k8, vt, their scales; rows padded to 128).
 Needs more than one block of keys (L > 128): fp8_attention.py sends shorter ones to the portable
-kernel.
+kernel. The last program of a head reads query rows past the head's padded rows (the next
+head's, or zeros past the tensor's end by TMA); their scales read as 0 and their output is not
+stored.
 """
 
 from __future__ import annotations
@@ -27,17 +31,18 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # the portable kernel's constants (the same numerics, bit for bit)
 from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2, key_order
 
 BLOCK_N = K_BLOCK.value  # keys per block: the key scales' block
-BLOCK_M = BLOCK_N // 2  # query rows per consumer group: a program takes the rows padded to K_BLOCK
-STAGES = 3  # key/value buffers (2 and 4 were slower on the H100: bench/results/)
-CONSUMER_REGS = 240
-MAX_REGS = 168  # per thread at launch: 12 warps (4 + 4 + the producer's group) x 32 x 168 fit
+BLOCK_M = 64  # query rows per consumer group (one warp group's tensor-core tile)
+GROUPS = 3  # consumer groups: a program takes GROUPS * BLOCK_M query rows
+STAGES = 3  # key/value buffers (2 and 4 within 1-2% of 3 on the H100: bench/results/)
+CONSUMER_REGS = 160  # per consumer thread; the producer's 4 warps keep the rest (32)
+MAX_REGS = 128  # per thread at launch: 16 warps x 32 x 128 fill the register file
 HEAD_DIM = 128
 
 
@@ -61,63 +66,17 @@ def _softmax(s, m_i, l_i, qs, ks, start_n, L, BLOCK_N: gl.constexpr, MASK: gl.co
 
 
 @gluon.jit
-def _as_operand(p, p_layout: gl.constexpr):
-    """P in fp8 as the P V product's operand, its keys in the order of V's columns
-    (fp8_attention_kernels.key_order): each thread already holds what the operand layout wants
-    of it, so no data moves (assert_trivial)."""
-    return gl.convert_layout(key_order(p.to(gl.float8e4nv)), p_layout, assert_trivial=True)
-
-
-@gluon.jit
-def _take_turn(j, q, k_smem, v_smem, ready, mine, other, t_phase, p8, zero_s, zero_o,
-               STAGES: gl.constexpr):
-    """This group's turn on the tensor cores: block j + 1's Q K^T, then block j's P V (both
-    asynchronous); the other group's turn begins as soon as they are issued."""
-    st = (j + 1) % STAGES
-    mbarrier.wait(mine, t_phase)
-    mbarrier.wait(ready.index(st), ((j + 1) // STAGES) & 1)
-    s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)
-    pv_tok = warpgroup_mma(p8, v_smem.index(j % STAGES).permute((1, 0)), zero_o, use_acc=False,
-                           is_async=True)
-    mbarrier.arrive(other, count=1)
-    return s_tok, pv_tok, t_phase ^ 1
-
-
-@gluon.jit
-def _block(j, p, q, k_smem, v_smem, ready, empty, mine, other, t_phase, acc, alpha_prev, l_i, m_i,
-           qs, ks_base, L, zero_s, zero_o, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-           MASK: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-           p_layout: gl.constexpr):
-    """Block j's P V and block j + 1's scores and softmax. p: block j's probabilities (float32;
-    carried in the accumulator layout, which costs nothing, unlike the fp8 operand layout)."""
-    p8 = _as_operand(p, p_layout)
-    ks = gl.load(ks_base + j + 1)
-    s_tok, pv_tok, t_phase = _take_turn(j, q, k_smem, v_smem, ready, mine, other, t_phase, p8,
-                                        zero_s, zero_o, STAGES)
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    p, alpha, l_i, m_i = _softmax(s, m_i, l_i, qs, ks, (j + 1) * BLOCK_N, L, BLOCK_N, MASK,
-                                  s_layout)
-    pv = warpgroup_mma_wait(0, deps=(pv_tok, ))
-    mbarrier.arrive(empty.index(j % STAGES), count=1)  # block j's keys and values are read
-    # each block's product is summed in float32 registers (see fp8_attention_kernels)
-    acc = acc * alpha_prev[:, None] + pv
-    alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-    return p, acc, alpha_prev, l_i, m_i, t_phase
-
-
-@gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, qs_ptr,
-              ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol, stride_oh,
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty, turn,
+              qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol, stride_oh,
               D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, GROUP: gl.constexpr):
-    """Both groups' query rows, then every block of keys and values once a buffer is free (both
+              STAGES: gl.constexpr, GROUPS: gl.constexpr, GROUP: gl.constexpr):
+    """Every group's query rows, then every block of keys and values once a buffer is free (all
     groups have read what it held)."""
     bh = gl.program_id(1)
-    q_row = bh * LQp + gl.program_id(0) * (2 * BLOCK_M)
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + BLOCK_M, 0], q_bar, q_smem.index(1))
+    q_row = bh * LQp + gl.program_id(0) * (GROUPS * BLOCK_M)
+    mbarrier.expect(q_bar, GROUPS * q_desc.block_type.nbytes)
+    for g in gl.static_range(GROUPS):
+        tma.async_copy_global_to_shared(q_desc, [q_row + g * BLOCK_M, 0], q_bar, q_smem.index(g))
     for j in range((L + BLOCK_N - 1) // BLOCK_N):
         st = j % STAGES
         mbarrier.wait(empty.index(st), ((j // STAGES) & 1) ^ 1)
@@ -128,10 +87,52 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empt
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, qs_ptr,
-              ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol, stride_oh,
+def _pv(j, p, p_mine, v_smem, empty, mine, nxt, t_phase, acc, alpha_prev, zero_o,
+        STAGES: gl.constexpr):
+    """Block j's P V added into acc: P stored in fp8 (its columns in V's key order) to this
+    group's buffer, the product issued in this group's turn and waited for, block j's keys and
+    values released."""
+    p_mine.store(key_order(p.to(gl.float8e4nv)))
+    fence_async_shared()
+    mbarrier.wait(mine, t_phase)
+    pv = warpgroup_mma(p_mine, v_smem.index(j % STAGES).permute((1, 0)), zero_o, use_acc=False,
+                       is_async=True)
+    mbarrier.arrive(nxt, count=1)
+    pv = warpgroup_mma_wait(0, deps=(pv, ))
+    mbarrier.arrive(empty.index(j % STAGES), count=1)
+    # each block's product is summed in float32 registers (see fp8_attention_kernels)
+    return acc * alpha_prev[:, None] + pv, t_phase ^ 1
+
+
+@gluon.jit
+def _scores(j, q, k_smem, ready, zero_s, STAGES: gl.constexpr):
+    """Block j's Q K^T (int32), once its keys are in."""
+    mbarrier.wait(ready.index(j % STAGES), (j // STAGES) & 1)
+    s = warpgroup_mma(q, k_smem.index(j % STAGES).permute((1, 0)), zero_s, use_acc=False,
+                      is_async=True)
+    return warpgroup_mma_wait(0, deps=(s, ))
+
+
+@gluon.jit
+def _block(j, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev, l_i,
+           m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+           MASK: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """Block j's P V, then block j + 1's scores and softmax (p: block j's probabilities)."""
+    ks = gl.load(ks_base + j + 1)
+    acc, t_phase = _pv(j, p, p_mine, v_smem, empty, mine, nxt, t_phase, acc, alpha_prev, zero_o,
+                       STAGES)
+    s = _scores(j + 1, q, k_smem, ready, zero_s, STAGES)
+    p, alpha, l_i, m_i = _softmax(s, m_i, l_i, qs, ks, (j + 1) * BLOCK_N, L, BLOCK_N, MASK,
+                                  s_layout)
+    alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+    return p, acc, alpha_prev, l_i, m_i, t_phase
+
+
+@gluon.jit
+def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty, turn,
+              qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol, stride_oh,
               D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, GROUP: gl.constexpr):
+              STAGES: gl.constexpr, GROUPS: gl.constexpr, GROUP: gl.constexpr):
     """One group's 64 query rows over all keys, written to the output."""
     bh = gl.program_id(1)
     bh64 = bh.to(gl.int64)
@@ -140,15 +141,14 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empt
                                                        instr_shape=[16, BLOCK_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, D, 32])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
-    # turn[g] completes a phase each time the other group has issued its products; group 0 goes
+    # turn[g] completes a phase each time the group before g has issued its P V; group 0 goes
     # first (its first wait passes on the barrier's initial phase)
     mine = turn.index(GROUP)
-    other = turn.index(1 - GROUP)
-    t_phase = 1 - GROUP
-    row0 = gl.program_id(0) * (2 * BLOCK_M) + GROUP * BLOCK_M
-    qs = gl.load(qs_ptr + bh64 * LQp + row0
-                 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)))
+    nxt = turn.index((GROUP + 1) % GROUPS)
+    t_phase = 1 if GROUP == 0 else 0
+    row0 = gl.program_id(0) * (GROUPS * BLOCK_M) + GROUP * BLOCK_M
+    rows_s = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    qs = gl.load(qs_ptr + bh64 * LQp + rows_s, mask=rows_s < LQp, other=0.0)
     ks_base = ks_ptr + bh64 * (Lp // BLOCK_N)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
@@ -156,36 +156,24 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empt
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, s_layout)
     zero_o = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
     q = q_smem.index(GROUP)
+    p_mine = p_smem.index(GROUP)
     mbarrier.wait(q_bar, 0)
 
-    # block 0's scores alone, its softmax (block 0 is whole: L > BLOCK_N)
-    mbarrier.wait(mine, t_phase)
-    t_phase ^= 1
-    mbarrier.wait(ready.index(0), 0)
-    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    mbarrier.arrive(other, count=1)
-    s = warpgroup_mma_wait(0, deps=(s, ))
+    # block 0's scores and softmax (block 0 is whole: L > BLOCK_N)
+    s = _scores(0, q, k_smem, ready, zero_s, STAGES)
     p, alpha, l_i, m_i = _softmax(s, m_i, l_i, qs, gl.load(ks_base), 0, L, BLOCK_N, False,
                                   s_layout)
     alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
     for j in range(0, n - 2):
         p, acc, alpha_prev, l_i, m_i, t_phase = _block(
-            j, p, q, k_smem, v_smem, ready, empty, mine, other, t_phase, acc, alpha_prev, l_i,
-            m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, False, s_layout, o_layout,
-            p_layout)
+            j, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev,
+            l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, False, s_layout, o_layout)
     # the last block's scores are masked past L
     p, acc, alpha_prev, l_i, m_i, t_phase = _block(
-        n - 2, p, q, k_smem, v_smem, ready, empty, mine, other, t_phase, acc, alpha_prev, l_i,
-        m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, True, s_layout, o_layout, p_layout)
-    # and its P V alone
-    p8 = _as_operand(p, p_layout)
-    mbarrier.wait(mine, t_phase)
-    pv = warpgroup_mma(p8, v_smem.index((n - 1) % STAGES).permute((1, 0)), zero_o,
-                       use_acc=False, is_async=True)
-    mbarrier.arrive(other, count=1)
-    pv = warpgroup_mma_wait(0, deps=(pv, ))
-    mbarrier.arrive(empty.index((n - 1) % STAGES), count=1)
-    acc = acc * alpha_prev[:, None] + pv
+        n - 2, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev,
+        l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, True, s_layout, o_layout)
+    acc, t_phase = _pv(n - 1, p, p_mine, v_smem, empty, mine, nxt, t_phase, acc, alpha_prev,
+                       zero_o, STAGES)
 
     # acc and l_i both carry P's factor 448
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
@@ -202,33 +190,42 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empt
 def hopper_attention_kernel(q_desc, k_desc, v_desc, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp,
                             H, stride_ob, stride_ol, stride_oh, D: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                            num_warps: gl.constexpr):
-    q_smem = gl.allocate_shared_memory(gl.int8, [2, BLOCK_M, D], q_desc.layout)
+                            STAGES: gl.constexpr, GROUPS: gl.constexpr,
+                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(GROUPS == 3, "the partitions below are three consumer groups")
+    q_smem = gl.allocate_shared_memory(gl.int8, [GROUPS, BLOCK_M, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BLOCK_N], v_desc.layout)
+    p_smem = gl.allocate_shared_memory(
+        gl.float8e4nv, [GROUPS, BLOCK_M, BLOCK_N],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.float8e4nv))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both consumer groups release a buffer
-    for i in gl.static_range(2):
+        mbarrier.init(empty.index(i), count=GROUPS)  # every consumer group releases a buffer
+    for i in gl.static_range(GROUPS):
         mbarrier.init(turn.index(i), count=1)
-    # every partition takes the same arguments (GROUP last)
+    # the producer is the default partition (its 4 warps keep the registers the consumers
+    # leave); each consumer group is a worker of 4 warps. Every partition takes the same
+    # arguments (GROUPS, then GROUP, last).
     gl.warp_specialize([
-        (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn,
-                     qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
-                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, 0)),
-        (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn,
-                     qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
-                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, 1)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn,
-                     qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
-                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, 0)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty,
+                     turn, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, 0)),
+        (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty,
+                     turn, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, 0)),
+        (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty,
+                     turn, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, 1)),
+        (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty,
+                     turn, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, 2)),
+    ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
 def _descriptor(t: torch.Tensor, block: list[int], dtype) -> TensorDescriptor:
@@ -245,7 +242,7 @@ def attend(ops, out: torch.Tensor) -> None:
     q_desc = _descriptor(ops.q8.view(bh * lqp, dim), [BLOCK_M, dim], gl.int8)
     k_desc = _descriptor(ops.k8.view(bh * lp, dim), [BLOCK_N, dim], gl.int8)
     v_desc = _descriptor(ops.vt.view(bh * dim, lp), [dim, BLOCK_N], gl.float8e4nv)
-    hopper_attention_kernel[(lqp // (2 * BLOCK_M), bh)](
+    hopper_attention_kernel[(-(-lq // (GROUPS * BLOCK_M)), bh)](
         q_desc, k_desc, v_desc, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length, lp, lq,
         lqp, heads, *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
-        CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS)
+        GROUPS=GROUPS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS)

@@ -1,6 +1,10 @@
 """`wan-enhanced golden FILE...`: check our components against reference files; with
 `--sequence-parallel N` the DiT files run with the model split over N CPU processes (gloo), and
-with `--fsdp` also their blocks sharded over those processes."""
+with `--fsdp` also their blocks sharded over those processes.
+
+Ctrl-C, `kill` (SIGTERM) or a hangup (SIGHUP) stops the command after the files checked so far
+(runner/stop_signals.py): the file being checked is not counted, the worker processes are shut
+down, and the command says so and exits 1."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import time
 
 from ..conformance.check import check_file
 from ..conformance.golden_file import GoldenFileError
+from .stop_signals import FirstStopRaises
 
 
 def add_parser(subparsers) -> None:
@@ -44,37 +49,50 @@ def run(args) -> int:
         print("ERROR --fsdp shards the blocks over the processes of --sequence-parallel N: "
               "expected N >= 2")
         return 2
-    group = None
-    failed = 0
-    try:
-        for path in args.files:
-            start = time.perf_counter()
-            note = ""
-            try:
-                if args.sequence_parallel > 1 and _is_dit(path):
-                    group = group or _start_group(args.sequence_parallel)
-                    report, used = _split(path, group, args.fsdp)
-                    note = (f", split over {args.sequence_parallel} processes, {used} attention"
-                            f"{', blocks sharded' if args.fsdp else ''}")
-                else:
-                    report = check_file(path)
-                    if args.sequence_parallel > 1:
-                        note = ", in this process: only DiT files run split"
-            except GoldenFileError as exc:
-                print(f"ERROR {exc}")
-                failed += 1
-                continue
-            print(f"{path} ({report.kind}{note}, {time.perf_counter() - start:.1f} s)")
-            for s in report.scores:
-                print("  " + s.line())
-            if not report.passed:
-                failed += 1
-    finally:
-        if group is not None:
-            group.shutdown()
+    group = [None]  # the worker group, once a DiT file runs split
+    failed = checked = 0
+    interrupted = False
+    with FirstStopRaises():  # the first stop signal raises KeyboardInterrupt; later ones wait
+        try:
+            for path in args.files:
+                failed += _check(path, args, group)
+                checked += 1
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            if group[0] is not None:
+                group[0].shutdown()
+    if interrupted:
+        print(f"interrupted: {checked} of {len(args.files)} files checked, "
+              f"{checked - failed} passed")
+        return 1
     total = len(args.files)
     print(f"{total - failed}/{total} files passed")
     return 1 if failed else 0
+
+
+def _check(path: str, args, group: list) -> int:
+    """Check one file and print its scores: 1 where it failed (or could not be read), else 0.
+    group[0] is the worker group, started here on the first DiT file that runs split."""
+    start = time.perf_counter()
+    note = ""
+    try:
+        if args.sequence_parallel > 1 and _is_dit(path):
+            group[0] = group[0] or _start_group(args.sequence_parallel)
+            report, used = _split(path, group[0], args.fsdp)
+            note = (f", split over {args.sequence_parallel} processes, {used} attention"
+                    f"{', blocks sharded' if args.fsdp else ''}")
+        else:
+            report = check_file(path)
+            if args.sequence_parallel > 1:
+                note = ", in this process: only DiT files run split"
+    except GoldenFileError as exc:
+        print(f"ERROR {exc}")
+        return 1
+    print(f"{path} ({report.kind}{note}, {time.perf_counter() - start:.1f} s)")
+    for s in report.scores:
+        print("  " + s.line())
+    return 0 if report.passed else 1
 
 
 def _is_dit(path: str) -> bool:

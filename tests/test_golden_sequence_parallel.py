@@ -83,3 +83,44 @@ def test_bad_process_counts(value, capsys):
         main(["golden", "--sequence-parallel", value, "f.safetensors"])
     assert caught.value.code == 2
     assert "--sequence-parallel" in capsys.readouterr().err
+
+
+def test_a_stop_signal_ends_the_command_and_its_processes(golden_dir, capsys, monkeypatch,
+                                                          stray_sigterm):
+    """`kill` (SIGTERM) while the second of three files runs split: the first file's scores are
+    printed, the third is not checked, the worker group is shut down and the command exits 1,
+    saying how far it got."""
+    import os
+    import signal
+    import time
+
+    from wan_enhanced.runner import golden_command
+
+    real_start, real_split = golden_command._start_group, golden_command._split
+    started, calls = [], []
+
+    def start(world):
+        group = real_start(world)
+        started.append((group, group.context.processes))
+        return group
+
+    def split(path, group, fsdp):
+        calls.append(path)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises KeyboardInterrupt at once
+            raise AssertionError("the signal did not stop the command")
+        return real_split(path, group, fsdp)
+
+    monkeypatch.setattr(golden_command, "_start_group", start)
+    monkeypatch.setattr(golden_command, "_split", split)
+    files = [str(golden_dir / f"{n}.safetensors") for n in FILES + ["dit_wan21"]]
+    assert main(["golden", "--sequence-parallel", "2", *files]) == 1
+    out = capsys.readouterr().out
+    assert len(calls) == 2 and stray_sigterm == []
+    assert out.count("split over 2 processes") == 1
+    assert "interrupted: 1 of 3 files checked, 1 passed" in out
+    assert "files passed" not in out
+    (group, processes), = started
+    assert not group.alive and len(processes) == 2
+    assert all(not process.is_alive() for process in processes)

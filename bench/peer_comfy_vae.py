@@ -102,12 +102,12 @@ def run_case(name: str, args, device: torch.device, comfy: dict) -> list[dict]:
     ours, theirs = loaded(ours, state), loaded(theirs, state)
     gen = torch.Generator(device=device).manual_seed(args.seed + 1)
     latent = torch.randn(shape, generator=gen, device=device).to(dtype)
-    identity = lambda out: out  # noqa: E731 (our decode hands back CPU frames already)
+    identity = lambda out: out  # noqa: E731 (both decodes hand back CPU frames already)
 
     reference, their_run = peer.timed(lambda: comfy_decode(theirs, latent), args.repeats,
                                       device, identity)
     print(f"  ComfyUI: {their_run.median_ms} ms", flush=True)
-    del theirs
+    theirs = None  # the module (its weights are the tensors ours holds too)
     peer.free_memory()
     rows = []
     for mode, tiling in OUR_MODES.items():

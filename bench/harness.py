@@ -10,6 +10,7 @@ package importable: installed, or bench/gpu_env.sh on a GPU machine).
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import math
 import platform
@@ -25,6 +26,8 @@ from ..atomic_files import write_atomically
 from ..checkpoints.tiny import TINY_VAE, randomize
 from ..wan.configs import KNOWN_DITS, DiTConfig
 from ..wan.dit import WanDiT, keeps_float32
+from ..wan.vae21 import WanVAE21
+from ..wan.vae22 import WanVAE22
 
 GIB = 2 ** 30
 TIMESTEP = 500.0
@@ -69,6 +72,31 @@ def dit_config(case: DiTCase, quick: bool) -> DiTConfig:
 
 def vae_config(case: VAECase, quick: bool) -> dict:
     return dict(TINY_VAE[case.kind]) if quick else {}
+
+
+VAE_CLASSES = {"vae21": WanVAE21, "vae22": WanVAE22}
+
+
+def vae_arguments(kind: str, config: dict) -> dict:
+    """Our VAE constructor's arguments: its defaults (the released model) updated by `config`."""
+    signature = inspect.signature(VAE_CLASSES[kind].__init__)
+    defaults = {name: p.default for name, p in signature.parameters.items() if name != "self"}
+    return {**defaults, **config}
+
+
+def ours_vae(kind: str, config: dict, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """Our VAE of `kind` built with `config`, holding the tensors of `state` themselves."""
+    with torch.device("meta"):
+        model = VAE_CLASSES[kind](**config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def images_from_video(video: torch.Tensor) -> torch.Tensor:
+    """A decoded video [B, 3, F, H, W] in [-1, 1] (a peer's) -> our IMAGE layout [B*F, H, W, 3]
+    in 0..1, float32 on the CPU (not clamped)."""
+    images = video.float().cpu().add_(1.0).mul_(0.5).permute(0, 2, 3, 4, 1)
+    return images.reshape(-1, *images.shape[2:])
 
 
 def run_dtype(device: torch.device) -> torch.dtype:

@@ -70,9 +70,9 @@ def _compile_gluon_for_sm90(module, fn, types: dict[str, str], unaligned: tuple[
     from triton.experimental.gluon._runtime import GluonASTSource
 
     constants = {"D": module.HEAD_DIM, "BLOCK_M": module.BLOCK_M, "BLOCK_N": module.BLOCK_N,
-                 "STAGES": module.STAGES, "CONSUMER_REGS": module.CONSUMER_REGS, "num_warps": 4,
-                 **{name: getattr(module, name) for name in ("GROUPS", )
-                    if name in fn.arg_names}}
+                 "STAGES": module.STAGES, "CONSUMER_REGS": module.CONSUMER_REGS, "num_warps": 4}
+    if "GROUPS" in fn.arg_names:  # the fp8 kernel's consumer groups
+        constants["GROUPS"] = module.GROUPS
     signature = {name: types.get(name, "constexpr" if name in constants else "i32")
                  for name in fn.arg_names}
     aligned = [name for name in fn.arg_names if name not in constants

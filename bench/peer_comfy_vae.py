@@ -35,11 +35,8 @@ import torch
 from wan_enhanced.bench import harness as peer
 from wan_enhanced.bench.peer_comfy import ComfyCheckoutError, import_comfy
 from wan_enhanced.vae_tiling.decode import decode_to_images
-from wan_enhanced.wan.vae21 import WanVAE21
-from wan_enhanced.wan.vae22 import WanVAE22
 
 CASES = ("vae21_decode", "vae22_decode")
-OURS = {"vae21": WanVAE21, "vae22": WanVAE22}
 THEIRS = {"vae21": "vae", "vae22": "vae2_2"}  # the module under comfy/ldm/wan/
 OUR_MODES = {"untiled": dict(tiled=False), "budget 3 GiB": dict(budget_bytes=3 << 30)}
 # what ComfyUI's constructor takes; the Wan2.2 VAE also takes its decoder's width
@@ -69,25 +66,16 @@ def import_comfy_vaes(path: Path, cpu: bool) -> dict:
 def comfy_kwargs(kind: str, config: dict) -> dict:
     """ComfyUI's WanVAE arguments for our VAE of `kind` built with `config` (our constructor's
     defaults, the released model, updated by it), as lists where ComfyUI indexes or reverses."""
-    signature = OURS[kind].__init__.__code__.co_varnames
-    defaults = OURS[kind].__init__.__defaults__
-    ours = dict(zip(signature[1:1 + len(defaults)], defaults)) | config
+    ours = peer.vae_arguments(kind, config)
     names = COMFY_ARGS + (("dec_dim",) if kind == "vae22" else ())
     return {name: list(ours[name]) if isinstance(ours[name], tuple) else ours[name]
             for name in names}
 
 
-def loaded(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval().requires_grad_(False)
-
-
 def comfy_decode(model: torch.nn.Module, latent: torch.Tensor) -> torch.Tensor:
-    """The VAE Decode node's path for a latent that fits: decode, to the CPU in float32, to 0..1;
-    in our IMAGE layout [B*F, H, W, 3]."""
-    video = model.decode(latent).to("cpu").float()
-    video = torch.clamp((video + 1.0) / 2.0, min=0.0, max=1.0)
-    return video.permute(0, 2, 3, 4, 1).reshape(-1, *video.shape[3:], video.shape[1])
+    """The VAE Decode node's path for a latent that fits: decode, to the CPU in float32, to 0..1
+    (clamped); in our IMAGE layout [B*F, H, W, 3]."""
+    return peer.images_from_video(model.decode(latent).to("cpu")).clamp_(0.0, 1.0)
 
 
 def run_case(name: str, args, device: torch.device, comfy: dict) -> list[dict]:
@@ -96,10 +84,12 @@ def run_case(name: str, args, device: torch.device, comfy: dict) -> list[dict]:
     shape = peer.QUICK_LATENT[name] if args.quick else case.latent
     dtype = peer.run_dtype(device)
     with torch.device("meta"):
-        ours = OURS[case.kind](**config)
+        skeleton = peer.VAE_CLASSES[case.kind](**config)
         theirs = comfy[case.kind].WanVAE(**comfy_kwargs(case.kind, config))
-    state = peer.random_state(ours, args.seed, device, dtype)
-    ours, theirs = loaded(ours, state), loaded(theirs, state)
+    state = peer.random_state(skeleton, args.seed, device, dtype)
+    ours = peer.ours_vae(case.kind, config, state)
+    theirs.load_state_dict(state, strict=True, assign=True)
+    theirs.eval().requires_grad_(False)
     gen = torch.Generator(device=device).manual_seed(args.seed + 1)
     latent = torch.randn(shape, generator=gen, device=device).to(dtype)
     identity = lambda out: out  # noqa: E731 (both decodes hand back CPU frames already)

@@ -45,7 +45,6 @@ can be split over several calls (each command is recorded).
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import platform
 import sys
@@ -57,9 +56,11 @@ import torch
 
 from wan_enhanced.atomic_files import write_atomically
 from wan_enhanced.bench.harness import (CASES, GIB, QUICK_DIT, QUICK_LATENT, TIMESTEP,  # noqa: F401
-                                        DiTCase, Run, VAECase, device_bytes, difference,
-                                        dit_config, float32_forward, fmt, free_memory, ours_dit,
-                                        random_state, ratio, run_dtype, timed, vae_config)
+                                        VAE_CLASSES, DiTCase, Run, VAECase, device_bytes,
+                                        difference, dit_config, float32_forward, fmt,
+                                        free_memory, images_from_video, ours_dit, ours_vae,
+                                        random_state, ratio, run_dtype, timed, vae_arguments,
+                                        vae_config)
 from wan_enhanced.checkpoints.tiny import (_diffusers_config_json,
                                            dit_ours_to_diffusers, vae_ours_to_diffusers)
 from wan_enhanced.vae_tiling.budget import estimate_decode_bytes, plan_budget_tiles
@@ -67,15 +68,10 @@ from wan_enhanced.vae_tiling.decode import decode_to_images
 from wan_enhanced.wan.configs import DiTConfig
 from wan_enhanced.wan.dit import WanDiT
 from wan_enhanced.wan.latent_format import WAN21_LATENT, WAN22_LATENT
-from wan_enhanced.wan.vae21 import WanVAE21
-from wan_enhanced.wan.vae22 import WanVAE22
 
 
 
 # -- weights, and the mapping onto diffusers' modules (the one place it lives) -----------------
-
-VAE_CLASSES = {"vae21": WanVAE21, "vae22": WanVAE22}
-
 
 def diffusers_dit_kwargs(config: DiTConfig) -> dict:
     kwargs = _diffusers_config_json(config)
@@ -101,20 +97,6 @@ def diffusers_dit(config: DiTConfig, state: dict[str, torch.Tensor]):
         name = dit_ours_to_diffusers(key)
         mapped[name] = value.float() if any(m in name.split(".") for m in keep) else value
     model.load_state_dict(mapped, strict=True, assign=True)
-    return model.eval().requires_grad_(False)
-
-
-def vae_arguments(kind: str, config: dict) -> dict:
-    """Our VAE constructor's arguments: its defaults (the released model) updated by `config`."""
-    signature = inspect.signature(VAE_CLASSES[kind].__init__)
-    defaults = {name: p.default for name, p in signature.parameters.items() if name != "self"}
-    return {**defaults, **config}
-
-
-def ours_vae(kind: str, config: dict, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    with torch.device("meta"):
-        model = VAE_CLASSES[kind](**config)
-    model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
 
 
@@ -144,13 +126,6 @@ def diffusers_vae(kind: str, config: dict, state: dict[str, torch.Tensor]):
     names = vae_ours_to_diffusers(list(state), nested=kind == "vae22")
     model.load_state_dict({names[k]: v for k, v in state.items()}, strict=True, assign=True)
     return model.eval().requires_grad_(False)
-
-
-def images_from_video(video: torch.Tensor) -> torch.Tensor:
-    """diffusers' decoded video [B, 3, F, H, W] in [-1, 1] -> our IMAGE layout [B*F, H, W, 3]
-    in 0..1, float32 on the CPU."""
-    images = video.float().cpu().add_(1.0).mul_(0.5).permute(0, 2, 3, 4, 1)
-    return images.reshape(-1, *images.shape[2:])
 
 
 # -- the case families -------------------------------------------------------------------------

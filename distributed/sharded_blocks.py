@@ -154,8 +154,7 @@ def pack_chunk(block: nn.Module, index: int, layout: BlockLayout, rank: int,
     padded = padded_size(layout, world)
     packed = torch.zeros(padded, dtype=torch.uint8,
                          device=tensors[0].device if tensors else "cpu")
-    for tensor, view in zip(tensors, layout.views(packed)):
-        view.copy_(tensor.data)
+    layout.pack(tensors, packed)
     size = padded // world
     return packed[rank * size:(rank + 1) * size].clone()
 

@@ -58,6 +58,13 @@ class BlockLayout:
         return cls(tuple(offsets), tuple(sizes), tuple(t.dtype for t in tensors),
                    tuple(t.shape for t in tensors), max(end, ALIGNMENT))
 
+    def pack(self, tensors: list[torch.Tensor], buffer: torch.Tensor) -> list[torch.Tensor]:
+        """Copy `tensors` into their places in the uint8 `buffer`; their views are returned."""
+        views = self.views(buffer)
+        for tensor, view in zip(tensors, views):
+            view.copy_(tensor.data)
+        return views
+
     def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         """Each tensor's slice of the uint8 `buffer`, with the tensor's dtype and shape."""
         return [buffer[offset:offset + size].view(dtype).view(shape)
@@ -102,8 +109,7 @@ def pack_block(block: nn.Module, pinned: bool) -> PackedBlock:
     buffer = _existing_pack(tensors, layout, pinned)
     if buffer is None:
         buffer = torch.empty(layout.total, dtype=torch.uint8, pin_memory=pinned)
-        for tensor, view in zip(tensors, layout.views(buffer)):
-            view.copy_(tensor.data)
+        for tensor, view in zip(tensors, layout.pack(tensors, buffer)):
             tensor.data = view  # the old storage is freed once nothing else holds it
     masters = [tensor.data for tensor in tensors]
     return PackedBlock(tensors, masters, layout, buffer)

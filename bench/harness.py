@@ -297,9 +297,19 @@ def timed_in_turns(fns: dict[str, Callable[[], torch.Tensor]], repeats: int,
 
 
 def device_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's parameters and buffers (what it holds on the device)."""
-    tensors = {t.data_ptr(): t.nbytes for t in [*model.parameters(), *model.buffers()]}
+    """Bytes of the model's parameters and buffers (what it holds on the device), a tensor
+    subclass's (torchao's quantized weights) counted by the tensors it holds."""
+    tensors = {t.data_ptr(): t.nbytes for p in [*model.parameters(), *model.buffers()]
+               for t in _held_tensors(p)}
     return sum(tensors.values())
+
+
+def _held_tensors(tensor: torch.Tensor):
+    if not hasattr(type(tensor), "__tensor_flatten__"):
+        yield tensor
+        return
+    for name in tensor.__tensor_flatten__()[0]:
+        yield from _held_tensors(getattr(tensor, name))
 
 
 def difference(ours: torch.Tensor | None, theirs: torch.Tensor | None) -> tuple[float, float]:

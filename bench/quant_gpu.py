@@ -8,7 +8,13 @@ with the transformer blocks' matrices
   fp8_e4m3fn_fast   fp8 weights, fp8 x fp8 matmul (torch._scaled_mm), activations per token
   int8              int8 weights, dequantized to bf16 per matmul
   int8_dynamic      int8 weights and per-token int8 activations (torch._int_mm)
-eager and with the blocks compiled (the model loader's `compile`). The quantized models are
+eager and with the blocks compiled (the model loader's `compile`); on request also torchao's
+  torchao_float8_rowwise  torchao Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+  torchao_int8_dynamic    torchao Int8DynamicActivationInt8WeightConfig()
+applied with torchao.quantization.quantize_ to the same block matrices of the same bf16 model
+(their weights become torchao's tensor subclasses; the rest of the forward is ours), each
+compared in its row with our scheme of the same arithmetic ("/ ours": fp8_e4m3fn_fast,
+int8_dynamic). The quantized models are
 quantized on the GPU from the very same bf16 weights (quant.quantize_block_linears), as the
 model loader would from a bf16 file. Reported per row: median ms and its ratio to the bf16 row
 of the same mode, the peak activation memory (allocated during the forward above the weights
@@ -43,20 +49,47 @@ import torch
 from wan_enhanced.bench import harness as peer
 
 from wan_enhanced.atomic_files import write_atomically
-from wan_enhanced.quant import SCHEMES, quantize_block_linears
+from wan_enhanced.quant import SCHEMES, is_block_matrix, quantize_block_linears
 from wan_enhanced.quant.kernels import fp8_matmul_unavailable
 from wan_enhanced.wan.dit import WanDiT
 
 GIB = peer.GIB
 CASES = ("dit_1_3b", "dit_5b")
 WEIGHTS = ("bf16", *SCHEMES)
+# torchao's schemes and ours of the same arithmetic (the "/ ours" column)
+TORCHAO = {"torchao_float8_rowwise": "fp8_e4m3fn_fast", "torchao_int8_dynamic": "int8_dynamic"}
 DTYPE = torch.bfloat16
 
 
+def torchao_config(weights: str):
+    """torchao's configuration for one of TORCHAO's names (torchao must be importable)."""
+    from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig,
+                                      Int8DynamicActivationInt8WeightConfig, PerRow)
+    if weights == "torchao_float8_rowwise":
+        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    return Int8DynamicActivationInt8WeightConfig()
+
+
+def torchao_missing() -> str | None:
+    """Why the torchao rows cannot run here, or None."""
+    try:
+        import torchao.quantization  # noqa: F401
+    except ImportError as error:
+        return f"torchao is not importable ({error}); pip install torchao"
+    return None
+
+
 def build_model(config, state: dict[str, torch.Tensor], weights: str) -> WanDiT:
-    """Our DiT on `state`'s tensors, its block matrices quantized as `weights` says."""
+    """Our DiT on `state`'s tensors, its block matrices quantized as `weights` says (ours, or
+    torchao's quantize_ on the same matrices)."""
     model = peer.ours_dit(config, state, DTYPE)
-    return model if weights == "bf16" else quantize_block_linears(model, weights)
+    if weights == "bf16":
+        return model
+    if weights in TORCHAO:
+        from torchao.quantization import quantize_
+        quantize_(model, torchao_config(weights), filter_fn=is_block_matrix)
+        return model
+    return quantize_block_linears(model, weights)
 
 
 def run_case(name: str, args, device: torch.device) -> list[dict]:
@@ -85,11 +118,15 @@ def run_case(name: str, args, device: torch.device) -> list[dict]:
             diff = peer.difference(out, base_out)[1] if weights != "bf16" else 0.0
             notes = sorted({str(w.message) for w in caught
                             if issubclass(w.category, RuntimeWarning)})
+            ours = next((r for r in rows if r["weights"] == TORCHAO.get(weights)
+                         and r["mode"] == mode), None)
             rows.append({
                 "case": name, "video": case.video, "latent": list(latent), "weights": weights,
                 "mode": mode, "run": run.to_dict(),
                 "time_ratio": None if base_run is None else peer.ratio(run.median_ms,
                                                                         base_run.median_ms),
+                "time_ratio_to_ours": None if ours is None else peer.ratio(
+                    run.median_ms, ours["run"]["median_ms"]),
                 "peak_activation_bytes": run.peak_allocated, "weight_bytes": weight_bytes,
                 "max_rel_diff_to_bf16": diff, "warnings": notes})
             print(f"  {weights} {mode}: {run.median_ms} ms, max rel diff {diff:.2e}"
@@ -111,14 +148,17 @@ def markdown(data: dict) -> str:
              "Ratio: to the bf16 row of the same mode. Peak: memory allocated during the "
              "forward above the weights and inputs. Difference: max |out - bf16 out| / "
              "max |bf16 out|, against the bf16 output of the same mode.", "",
-             "| case | video | weights | mode | ms | / bf16 | peak activations GiB "
+             "/ ours: a torchao row's time over our scheme of the same arithmetic "
+             f"({', '.join(f'{k}: {v}' for k, v in TORCHAO.items())}), same mode.", "",
+             "| case | video | weights | mode | ms | / bf16 | / ours | peak activations GiB "
              "| weights GiB | max rel diff | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         run = r["run"]
         lines.append(
             f"| {r['case']} | {r['video']} | {r['weights']} | {r['mode']} | "
             f"{run['error'] or f(run['median_ms'], '.0f')} | {f(r['time_ratio'], '.2f')} | "
+            f"{f(r.get('time_ratio_to_ours'), '.2f')} | "
             f"{f(r['peak_activation_bytes'], '.2f', GIB)} | {f(r['weight_bytes'], '.2f', GIB)} | "
             f"{f(r['max_rel_diff_to_bf16'], '.2e')} | {'; '.join(r['warnings']) or ''} |")
     return "\n".join(lines) + "\n"
@@ -128,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="folder for quant_gpu.json / .md")
     parser.add_argument("--case", nargs="+", choices=CASES, default=list(CASES))
-    parser.add_argument("--scheme", nargs="+", choices=WEIGHTS, default=list(WEIGHTS),
-                        help="bf16 is the reference of the ratios and differences")
+    parser.add_argument("--scheme", nargs="+", choices=[*WEIGHTS, *TORCHAO],
+                        default=list(WEIGHTS),
+                        help="bf16 is the reference of the ratios and differences; the torchao "
+                             "rows need torchao and follow our scheme of the same arithmetic")
     parser.add_argument("--mode", nargs="+", choices=("eager", "compiled"),
                         default=["eager", "compiled"])
     parser.add_argument("--repeats", type=int, default=3)
@@ -137,8 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="tiny model and latent: a smoke test that runs on the CPU")
     args = parser.parse_args(argv)
-    if "bf16" in args.scheme:  # the reference first
+    if "bf16" in args.scheme:  # the reference first, ours before torchao's
         args.scheme = ["bf16"] + [s for s in args.scheme if s != "bf16"]
+    args.scheme = sorted(args.scheme, key=lambda s: s in TORCHAO)
+    missing = torchao_missing() if any(s in TORCHAO for s in args.scheme) else None
+    if missing is not None:
+        parser.error(f"--scheme {' '.join(s for s in args.scheme if s in TORCHAO)}: {missing}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -168,6 +168,15 @@ def test_the_fused_ffn_product_is_only_offered_where_cublaslt_computes_it():
         no_bias = torch.nn.Linear(8, 16, bias=False).bfloat16().cuda()
         assert glue.gelu_product_weights(no_bias, gelu, cuda_h) is None
 
+        class Wrapped(torch.Tensor):  # a tensor subclass, as torchao's quantized weights are
+            pass
+
+        wrapped = torch.nn.Linear(8, 16).bfloat16().cuda()
+        wrapped.weight = torch.nn.Parameter(wrapped.weight.detach().as_subclass(Wrapped),
+                                            requires_grad=False)
+        assert type(wrapped.weight) is Wrapped
+        assert glue.gelu_product_weights(wrapped, gelu, cuda_h) is None
+
 
 @pytest.mark.gpu
 def test_the_ffn_product_with_its_gelu_in_the_epilogue_is_closer_to_float32():

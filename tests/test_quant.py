@@ -653,3 +653,40 @@ def test_a_filter_picks_the_layers_to_quantize():
     assert len(quantized) == 2 * len(model.blocks)
     assert type(model.blocks[0].self_attn.q) is torch.nn.Linear
     assert torch.equal(model.blocks[0].self_attn.q.weight, before)
+
+
+def test_gpu_benchmark_refuses_torchao_rows_without_torchao(tmp_path, monkeypatch, capsys):
+    """The torchao rows need torchao: asked for without it, the benchmark stops before any
+    timing and says which rows and why."""
+    from wan_enhanced.bench import quant_gpu
+    monkeypatch.setattr(quant_gpu, "torchao_missing",
+                        lambda: "torchao is not importable (no module); pip install torchao")
+    with pytest.raises(SystemExit) as stop:
+        quant_gpu.main(["--out", str(tmp_path), "--quick", "--scheme", "bf16",
+                        "torchao_int8_dynamic"])
+    assert stop.value.code == 2
+    assert "--scheme torchao_int8_dynamic: torchao is not importable" in capsys.readouterr().err
+    assert not (tmp_path / "quant_gpu.json").exists()
+
+
+def test_gpu_benchmark_torchao_rows_follow_ours_on_the_cpu(tmp_path):
+    """With torchao installed: its int8 dynamic scheme on the same block matrices runs after
+    ours (whatever order was asked), and its row carries the time over ours and its distance
+    from bf16, which is about ours (both round the same matrices to int8 per channel)."""
+    pytest.importorskip("torchao.quantization")
+    from wan_enhanced.bench import quant_gpu
+    code = quant_gpu.main(["--out", str(tmp_path), "--quick", "--repeats", "1", "--case",
+                           "dit_1_3b", "--mode", "eager", "--scheme", "torchao_int8_dynamic",
+                           "bf16", "int8_dynamic"])
+    data = json.loads((tmp_path / "quant_gpu.json").read_text())
+    assert code == 0
+    rows = {r["weights"]: r for r in data["rows"]}
+    assert [r["weights"] for r in data["rows"]] == ["bf16", "int8_dynamic", "torchao_int8_dynamic"]
+    theirs, ours = rows["torchao_int8_dynamic"], rows["int8_dynamic"]
+    assert theirs["run"]["error"] is None and theirs["time_ratio_to_ours"] > 0
+    assert ours["time_ratio_to_ours"] is None
+    assert 0 < theirs["max_rel_diff_to_bf16"] < 3 * ours["max_rel_diff_to_bf16"]
+    # the weights counted by what torchao's tensors hold (int8 codes and scales), not as bf16
+    assert theirs["weight_bytes"] < rows["bf16"]["weight_bytes"]
+    assert abs(theirs["weight_bytes"] - ours["weight_bytes"]) < 0.02 * ours["weight_bytes"]
+    assert "| torchao_int8_dynamic | eager |" in (tmp_path / "quant_gpu.md").read_text()

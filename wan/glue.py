@@ -179,7 +179,8 @@ def gelu_product_weights(layer: torch.nn.Module, act: torch.nn.Module,
     GELU (the one cuBLASLt's epilogue computes) after a layer with a bias in h's 16-bit dtype on
     an NVIDIA GPU, where the layer is a plain linear one or one that forms a summed weight for
     this call (a LoRA'd linear layer: its `merged_weights(h)`). Quantized layers have their own
-    forward and keep it."""
+    forward and keep it, and so does a weight of a tensor subclass (torchao's quantized weights:
+    the epilogue product takes plain tensors only)."""
     if not (isinstance(act, torch.nn.GELU) and act.approximate == "tanh" and h.is_cuda
             and torch.version.hip is None and h.dtype in (torch.bfloat16, torch.float16)):
         return None
@@ -192,6 +193,8 @@ def gelu_product_weights(layer: torch.nn.Module, act: torch.nn.Module,
             return None
     weight, bias = weights
     if bias is None or weight.dtype != h.dtype or bias.dtype != h.dtype:
+        return None
+    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (weight, bias)):
         return None
     return weight, bias
 

@@ -36,6 +36,7 @@ fp8 matmul.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import sys
@@ -73,7 +74,7 @@ def torchao_config(weights: str):
 def torchao_missing() -> str | None:
     """Why the torchao rows cannot run here, or None."""
     try:
-        import torchao.quantization  # noqa: F401
+        importlib.import_module("torchao.quantization")
     except ImportError as error:
         return f"torchao is not importable ({error}); pip install torchao"
     return None

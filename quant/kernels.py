@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..gpu_support import fp8_unavailable, warn_once
+from ..gpu_support import fp8_unavailable, triton_kernels_usable, warn_once
 from .fp8_rows import quantize_activations
 
 def fp8_matmul_unavailable(device: torch.device) -> str | None:
@@ -81,12 +81,48 @@ def int8_matmul(codes: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def int_mm_padded(codes: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """torch._int_mm, with zero rows added up to its minimum row count (and dropped after)."""
+    """torch._int_mm as float32, with zero rows added up to its minimum row count (and dropped
+    after)."""
+    return _int_mm_int32(codes, weight).float()
+
+
+def _int_mm_int32(codes: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = codes.shape[0]
     if rows < _INT_MM_MIN_ROWS:
         codes = F.pad(codes, (0, 0, 0, _INT_MM_MIN_ROWS - rows))
     # weight.t() is the column-major [K, N] operand cuBLAS' int8 GEMM wants: a view
-    return torch._int_mm(codes, weight.t())[:rows].float()
+    return torch._int_mm(codes, weight.t())[:rows]
+
+
+def int8_scaled_matmul(codes: torch.Tensor, scales: torch.Tensor, weight: torch.Tensor,
+                       weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """(codes [M, K] x weight [N, K]^T) * scales [M, 1] * weight_scale [N] (+ bias [N]), rounded
+    once to `dtype`. Eager on CUDA: torch._int_mm's int32 products and one Triton pass
+    (int8_rescale_kernel) that writes the output, the same bits as the statement below without
+    its float32 temporaries of the product's size (1.6 GB each at the 5B FFN's first matrix,
+    27280 x 14336). Elsewhere and under torch.compile (which fuses it) the statement."""
+    if (triton_kernels_usable(codes) and not torch.compiler.is_compiling()
+            and int8_kernel_unsupported(codes.shape[1], weight.shape[0]) is None):
+        return _rescale(_int_mm_int32(codes, weight), scales, weight_scale, bias, dtype)
+    out = int8_matmul(codes, weight) * scales * weight_scale
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(dtype)
+
+
+def _rescale(acc: torch.Tensor, scales: torch.Tensor, weight_scale: torch.Tensor,
+             bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    from .int8_rescale_kernel import int8_rescale_kernel
+
+    rows, cols = acc.shape
+    out = torch.empty(rows, cols, dtype=dtype, device=acc.device)
+    block_m, block_n = 32, 128
+    int8_rescale_kernel[(-(-rows // block_m), -(-cols // block_n))](
+        acc, scales.reshape(rows).contiguous(), weight_scale.contiguous(),
+        acc if bias is None else bias.contiguous(), out, rows, cols, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, enable_fp_fusion=False)
+    return out
 
 
 def exact_int8_product(codes: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from ..gpu_support import warn_once
 from .fp8_rows import quantize_activations
 from .gelu_fp8 import gelu_quantize
 from .kernels import (fp8_codes_matmul, fp8_matmul_unavailable, fp8_scaled_matmul,
-                      fp8_shape_unsupported, int8_matmul)
+                      fp8_shape_unsupported, int8_scaled_matmul)
 from .rowwise import FP8, INT8, RowFormat, dequantize_weight, quantize_rows, quantize_weight
 
 
@@ -100,6 +100,11 @@ class QuantizedLinear(nn.Module):
         """The weight this layer's forward would multiply x by, dequantized to x's dtype (a
         fresh tensor), or None where the forward multiplies codes (an fp8 or int8 kernel)."""
         return self.dequantized_weight(x.dtype)
+
+    def output_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes per output element the forward holds at its peak, output in `dtype` included
+        (the FFN's row chunks are sized by it: dit.ffn_chunks)."""
+        return dtype.itemsize
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -207,13 +212,16 @@ class Int8Linear(QuantizedLinear):
     def dense_weight(self, x: torch.Tensor) -> torch.Tensor | None:
         return None if self.dynamic else self.dequantized_weight(x.dtype)
 
+    def output_bytes(self, dtype: torch.dtype) -> int:
+        # W8A8: the int32 products beside the output (kernels.int8_scaled_matmul)
+        return 4 + dtype.itemsize if self.dynamic else dtype.itemsize
+
     def dynamic_forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         codes, scales = quantize_rows(x.reshape(-1, self.in_features), INT8)
-        out = int8_matmul(codes, self.weight) * scales * self.weight_scale
-        if self.bias is not None:
-            out = out + self.bias.float()
-        return out.to(x.dtype).view(*lead, self.out_features)
+        out = int8_scaled_matmul(codes, scales, self.weight, self.weight_scale, self.bias,
+                                 x.dtype)
+        return out.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", dynamic={self.dynamic}"

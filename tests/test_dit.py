@@ -267,3 +267,39 @@ def test_compiled_blocks_run_as_three_graphs_that_update_the_residual_in_place()
         out = compiled_block_forward()(block, residual, *args)
     assert out.data_ptr() == residual.data_ptr()
     torch.testing.assert_close(residual, expected, rtol=1e-5, atol=1e-5 * expected.abs().max())
+
+
+def test_the_ffn_chunks_count_what_its_first_layer_holds(monkeypatch):
+    """The FFN's row chunks are sized by the bytes per hidden element its first layer holds: the
+    compute dtype's, or for int8 W8A8 the int32 products beside it, so those matrices run the
+    5B 720p FFN in three chunks where bf16 and fp8 run it whole; the chunks the phase takes
+    follow (counted at its first layer's calls)."""
+    from wan_enhanced.quant import SCHEMES
+    from wan_enhanced.wan import dit
+    bf16 = torch.bfloat16
+    plain = torch.nn.Linear(8, 16)
+    int8 = SCHEMES["int8_dynamic"].quantize(plain)
+    assert dit.hidden_bytes(plain, bf16) == 2
+    assert dit.hidden_bytes(SCHEMES["fp8_e4m3fn_fast"].quantize(plain), bf16) == 2
+    assert dit.hidden_bytes(SCHEMES["int8"].quantize(plain), bf16) == 2  # weight-only
+    assert dit.hidden_bytes(int8, bf16) == 6
+    assert len(dit.ffn_chunks(27280, 1, 14336, 2)) == 1
+    assert len(dit.ffn_chunks(27280, 1, 14336, 6)) == 3
+
+    model = _tiny()
+    block = model.blocks[0]
+    width = block.ffn[0].out_features
+    x = torch.randn(1, 40, model.config.dim)
+    e0 = torch.randn(1, 1, 6, model.config.dim)
+    calls = []
+    block.ffn[0].register_forward_hook(lambda *args: calls.append(args[1][0].shape[1]))
+    # 40 rows of float32 (4 bytes) fit; of 12 bytes (a layer holding 8 more) they take 3 chunks
+    monkeypatch.setattr(dit, "FFN_HIDDEN_BYTES", 40 * width * 5)
+    with torch.no_grad():
+        whole = block.feed_forward_phase(x.clone(), e0, torch.float32)
+        assert calls == [40]
+        monkeypatch.setattr(block.ffn[0], "output_bytes", lambda dtype: dtype.itemsize + 8,
+                            raising=False)
+        chunked = block.feed_forward_phase(x.clone(), e0, torch.float32)
+    assert calls[1:] == [14, 14, 12]
+    assert (chunked - whole).abs().max() <= 2e-6 * whole.abs().max()

@@ -623,6 +623,52 @@ def test_gpu_kernels_equal_their_references():
     torch._dynamo.reset()
 
 
+@pytest.mark.gpu
+def test_gpu_int8_epilogue_kernel_equals_the_statement_in_less_memory():
+    """The int8 product's rescale in one Triton pass gives the statement's bits (row and column
+    scales, bias, one rounding), with and without a bias, at sizes that are not multiples of its
+    tiles; at a 4096 x 8192 product it holds the int32 products and the output only, where the
+    statement also holds float32 copies of the product's size."""
+    gen = torch.Generator().manual_seed(5)
+
+    def statement(codes, scales, weight, weight_scale, bias):
+        out = kernels.int8_matmul(codes, weight) * scales * weight_scale
+        return (out if bias is None else out + bias.float()).to(torch.bfloat16)
+
+    for rows, cols, width in ((45, 80, 96), (300, 200, 4096)):
+        codes = torch.randint(-127, 128, (rows, width), generator=gen, dtype=torch.int8).cuda()
+        weight = torch.randint(-127, 128, (cols, width), generator=gen, dtype=torch.int8).cuda()
+        scales = (torch.rand(rows, 1, generator=gen) * 1e-3).cuda()
+        weight_scale = (torch.rand(cols, generator=gen) * 1e-2).cuda()
+        for bias in (None, torch.randn(cols, generator=gen).bfloat16().cuda()):
+            out = kernels.int8_scaled_matmul(codes, scales, weight, weight_scale, bias,
+                                             torch.bfloat16)
+            assert out.dtype == torch.bfloat16 and out.shape == (rows, cols)
+            assert torch.equal(out, statement(codes, scales, weight, weight_scale, bias))
+
+    rows, cols, width = 4096, 8192, 1024
+    codes = torch.randint(-127, 128, (rows, width), dtype=torch.int8, device="cuda")
+    weight = torch.randint(-127, 128, (cols, width), dtype=torch.int8, device="cuda")
+    scales = torch.full((rows, 1), 1e-3, device="cuda")
+    weight_scale = torch.full((cols,), 1e-2, device="cuda")
+    product = rows * cols
+
+    def peak(fn):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, out
+
+    kernel_peak, out = peak(lambda: kernels.int8_scaled_matmul(
+        codes, scales, weight, weight_scale, None, torch.bfloat16))
+    statement_peak, expected = peak(lambda: statement(codes, scales, weight, weight_scale, None))
+    assert torch.equal(out, expected)
+    assert kernel_peak <= product * (4 + 2) + (1 << 20)  # int32 products + bf16 output
+    assert statement_peak >= product * (4 + 4)  # int32 products and their float32 copy
+
+
 # -- typed configurations --------------------------------------------------------------------
 
 def test_typed_configurations_are_the_weight_dtype_choices():

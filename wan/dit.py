@@ -61,9 +61,11 @@ def mlp_fp32(layers: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
 # GiB of activations instead of 8.0, for 4% more time).
 ROW_CHUNK_TOKENS = 8192
 
-# The feed-forward phase runs in one pass while its hidden activation (rows x ffn_dim in the
-# compute dtype) stays under this many bytes, and in equal chunks beyond: a 5B 720p block
-# (0.8 GB) runs whole, a 14B 720p one (2.1 GB) in three chunks.
+# The feed-forward phase runs in one pass while its hidden activation (rows x ffn_dim, at the
+# bytes per element its first layer holds: hidden_bytes) stays under this many bytes, and in
+# equal chunks beyond: a 5B 720p block (0.8 GB in bf16) runs whole, a 14B 720p one (2.1 GB) in
+# three chunks, and with int8 W8A8 matrices (int32 products beside the bf16 output, 2.3 GB) the
+# 5B block in three too.
 FFN_HIDDEN_BYTES = 1 << 30
 
 
@@ -76,6 +78,14 @@ def row_chunks(length: int, groups: int, target: int | None = None) -> list[tupl
     per_group = length // groups if groups > 1 else 1
     step = max(1, target // per_group) * per_group
     return [(start, min(start + step, length)) for start in range(0, length, step)]
+
+
+def hidden_bytes(first: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes per element of the FFN's hidden activation while its first layer makes it in
+    `dtype`: what a quantized layer says it holds (QuantizedLinear.output_bytes), else the
+    dtype's size."""
+    output_bytes = getattr(first, "output_bytes", None)
+    return dtype.itemsize if output_bytes is None else output_bytes(dtype)
 
 
 def ffn_chunks(length: int, groups: int, ffn_dim: int, itemsize: int) -> list[tuple[int, int]]:
@@ -255,7 +265,7 @@ class WanBlock(nn.Module):
         shift_ff, scale_ff, gate_ff = self._modulated(e0)[3:]
         length, groups = x.shape[1], e0.shape[1]
         for start, end in ffn_chunks(length, groups, self.ffn[0].out_features,
-                                     compute_dtype.itemsize):
+                                     hidden_bytes(self.ffn[0], compute_dtype)):
             out = feed_forward(self.ffn, self._normed(x, start, end, shift_ff, scale_ff,
                                                       compute_dtype))
             add_gated_(x[:, start:end], out, group_rows(gate_ff, start, end, length))

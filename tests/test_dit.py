@@ -9,7 +9,8 @@ from wan_enhanced.conformance import run_dit
 from wan_enhanced.conformance.golden_file import read_golden
 from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig
 from wan_enhanced.wan.attention import get_backend
-from wan_enhanced.wan.dit import (WanDiT, compiled_block_forward, group_timesteps,
+from wan_enhanced.wan.glue import add_gated_
+from wan_enhanced.wan.dit import (OwedUpdate, WanDiT, compiled_block_forward, group_timesteps,
                                    sinusoidal_embedding)
 from wan_enhanced.wan.rope import RotaryTable, rope_angles
 
@@ -238,11 +239,14 @@ def test_forward_leaves_its_inputs_alone():
     assert torch.equal(first, second)
 
 
-def test_compiled_blocks_run_as_three_graphs_that_update_the_residual_in_place():
+def test_compiled_blocks_run_as_phase_graphs_that_update_the_residual_in_place():
     """compiled=True: every block goes through three compiled graphs (self-attention,
     cross-attention, FFN: a graph spanning two residual updates held a float32 working copy of
-    the residual between them), shared by the blocks; each block's residual x is updated in
-    place, as in eager mode, and the output is the eager one up to the fused kernels' rounding."""
+    the residual between them), shared by the blocks, plus the first block's self-attention
+    graph, which has no FFN update of a block before it to add; each block's residual x is
+    updated in place, as in eager mode, and the output is the eager one up to the fused kernels'
+    rounding. Handed an OwedUpdate, a block adds the update it holds first and leaves its own
+    FFN update in it: added after, the result is the whole block's."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -253,7 +257,7 @@ def test_compiled_blocks_run_as_three_graphs_that_update_the_residual_in_place()
     with torch.no_grad():
         eager = model(x, torch.tensor([500.0]), ctx)
         compiled = model(x, torch.tensor([500.0]), ctx, compiled=True)
-        assert counters["stats"]["unique_graphs"] == 3  # three graphs, both blocks share them
+        assert counters["stats"]["unique_graphs"] == 4  # both blocks share them
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5 * eager.abs().max())
 
         block = model.blocks[0]
@@ -265,8 +269,26 @@ def test_compiled_blocks_run_as_three_graphs_that_update_the_residual_in_place()
         expected = block(tokens.clone(), *args)
         residual = tokens.clone()
         out = compiled_block_forward()(block, residual, *args)
-    assert out.data_ptr() == residual.data_ptr()
-    torch.testing.assert_close(residual, expected, rtol=1e-5, atol=1e-5 * expected.abs().max())
+        assert out.data_ptr() == residual.data_ptr()
+        torch.testing.assert_close(residual, expected, rtol=1e-5,
+                                   atol=1e-5 * expected.abs().max())
+
+        owed, partial = OwedUpdate(), tokens.clone()
+        out = compiled_block_forward()(block, partial, *args, owed=owed)
+        assert out.data_ptr() == partial.data_ptr() and owed.update is not None
+        gap = (partial - expected).abs().max()
+        assert gap > 1e-3 * expected.abs().max()  # the FFN's update is still owed
+        add_gated_(partial, *owed.take())
+        assert owed.update is None
+        torch.testing.assert_close(partial, expected, rtol=1e-5, atol=1e-5 * expected.abs().max())
+        # the next block adds what it is owed before its own work: two blocks as the model runs
+        owed, twice = OwedUpdate(), tokens.clone()
+        compiled_block_forward()(block, twice, *args, owed=owed)
+        compiled_block_forward()(model.blocks[1], twice, *args, owed=owed)
+        add_gated_(twice, *owed.take())
+        expected_twice = model.blocks[1](block(tokens.clone(), *args), *args)
+    torch.testing.assert_close(twice, expected_twice, rtol=1e-5,
+                               atol=1e-5 * expected_twice.abs().max())
 
 
 def test_the_ffn_chunks_count_what_its_first_layer_holds(monkeypatch):

@@ -15,7 +15,7 @@ gigabytes over expanding it to every token.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -176,6 +176,27 @@ class CrossAttention(nn.Module):
         return self.o(out.flatten(2))
 
 
+class ResidualUpdate(NamedTuple):
+    """x += y * gate (gate [B, G, D] per group of tokens, or None), owed to the residual stream x:
+    the compiled blocks hand a phase's update to the next phase's graph, which adds it in the pass
+    of its own norm (see compiled_block_forward)."""
+    y: torch.Tensor
+    gate: torch.Tensor | None
+
+
+class OwedUpdate:
+    """The residual update one compiled block leaves to the next (compiled_block_forward). It
+    is held here rather than by the caller's variables, so taking it hands it over: it is freed
+    as soon as the next block's first graph has added it, not kept alive through that block."""
+
+    def __init__(self):
+        self.update: ResidualUpdate | None = None
+
+    def take(self) -> ResidualUpdate | None:
+        update, self.update = self.update, None
+        return update
+
+
 class WanBlock(nn.Module):
 
     def __init__(self, cfg: DiTConfig):
@@ -219,8 +240,12 @@ class WanBlock(nn.Module):
     def self_attention_phase(self, x, e0, rope, attend, compute_dtype,
                              attention_rows: int | None = None):
         """Self-attention added to x (in place; returned)."""
-        shift_sa, scale_sa, gate_sa = self._modulated(e0)[:3]
         length, groups = x.shape[1], e0.shape[1]
+        chunks = row_chunks(length, groups, attention_rows)
+        if len(chunks) == 1:  # one pass: keys and values straight from the projections
+            add_gated_(x, *self.self_attention_update(x, e0, rope, attend, compute_dtype))
+            return x
+        shift_sa, scale_sa, gate_sa = self._modulated(e0)[:3]
 
         def rows(table, start, end):
             return group_rows(table, start, end, length)
@@ -229,29 +254,34 @@ class WanBlock(nn.Module):
             return self._normed(x, start, end, shift, scale, compute_dtype)
 
         attn = self.self_attn
-        # over several processes (distributed/sequence_split.py) self-attention spans them all
-        self_attend = getattr(attend, "self_attention", attend)
-        chunks = row_chunks(length, groups, attention_rows)
-        if len(chunks) == 1:  # one pass: keys and values straight from the projections
-            h = normed(0, length, shift_sa, scale_sa)
-            k, v = attn.keys_values(h, rope, 0)
-            out = attn.attend_rows(h, rope, 0, k, v, self_attend)
-            del h
-            add_gated_(x, out, gate_sa)
-        else:
-            k, v = self._chunked_keys_values(x, chunks, normed, shift_sa, scale_sa, rope,
-                                             compute_dtype)
-            for start, end in chunks:
-                out = attn.attend_rows(normed(start, end, shift_sa, scale_sa), rope, start, k, v,
-                                       self_attend)
-                add_gated_(x[:, start:end], out, rows(gate_sa, start, end))
+        k, v = self._chunked_keys_values(x, chunks, normed, shift_sa, scale_sa, rope,
+                                         compute_dtype)
+        for start, end in chunks:
+            out = attn.attend_rows(normed(start, end, shift_sa, scale_sa), rope, start, k, v,
+                                   _self_attend(attend))
+            add_gated_(x[:, start:end], out, rows(gate_sa, start, end))
         del k, v, out
         return x
 
+    def self_attention_update(self, x, e0, rope, attend, compute_dtype,
+                              pending: ResidualUpdate | None = None) -> ResidualUpdate:
+        """Self-attention over all rows in one pass, returned as x's update, not added to x;
+        `pending` (an update still owed to x) is added to x first."""
+        if pending is not None:
+            add_gated_(x, *pending)
+        shift_sa, scale_sa, gate_sa = self._modulated(e0)[:3]
+        attn = self.self_attn
+        h = self._normed(x, 0, x.shape[1], shift_sa, scale_sa, compute_dtype)
+        k, v = attn.keys_values(h, rope, 0)
+        return ResidualUpdate(attn.attend_rows(h, rope, 0, k, v, _self_attend(attend)), gate_sa)
+
     def cross_attention_phase(self, x, context, image_context, attend, compute_dtype,
-                              attention_rows: int | None = None):
+                              attention_rows: int | None = None,
+                              pending: ResidualUpdate | None = None):
         """Cross-attention to the text (and image) tokens added to x (in place; returned), over
-        the same row chunks as self-attention."""
+        the same row chunks as self-attention; `pending` is added to x first."""
+        if pending is not None:
+            add_gated_(x, *pending)
         text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
         for start, end in row_chunks(x.shape[1], 1, attention_rows):
             part = x[:, start:end]
@@ -262,14 +292,26 @@ class WanBlock(nn.Module):
 
     def feed_forward_phase(self, x, e0, compute_dtype):
         """The FFN added to x (in place; returned), over row chunks (ffn_chunks)."""
+        update = self.feed_forward_update(x, e0, compute_dtype)
+        if update is not None:
+            add_gated_(x, *update)
+        return x
+
+    def feed_forward_update(self, x, e0, compute_dtype) -> ResidualUpdate | None:
+        """The FFN of a one-chunk x returned as x's update, not added; over several chunks
+        (ffn_chunks) each chunk's output is added to x as it is made, and None returned."""
         shift_ff, scale_ff, gate_ff = self._modulated(e0)[3:]
         length, groups = x.shape[1], e0.shape[1]
-        for start, end in ffn_chunks(length, groups, self.ffn[0].out_features,
-                                     hidden_bytes(self.ffn[0], compute_dtype)):
+        chunks = ffn_chunks(length, groups, self.ffn[0].out_features,
+                            hidden_bytes(self.ffn[0], compute_dtype))
+        if len(chunks) == 1:
+            return ResidualUpdate(feed_forward(self.ffn, self._normed(
+                x, 0, length, shift_ff, scale_ff, compute_dtype)), gate_ff)
+        for start, end in chunks:
             out = feed_forward(self.ffn, self._normed(x, start, end, shift_ff, scale_ff,
                                                       compute_dtype))
             add_gated_(x[:, start:end], out, group_rows(gate_ff, start, end, length))
-        return x
+        return None
 
     def _chunked_keys_values(self, x, chunks, normed, shift, scale, rope, compute_dtype):
         """Self-attention keys and values of all rows, made chunk by chunk into buffers."""
@@ -282,6 +324,11 @@ class WanBlock(nn.Module):
             k[:, start:end], v[:, start:end] = attn.keys_values(
                 normed(start, end, shift, scale), rope, start)
         return k, v
+
+
+def _self_attend(attend):
+    # over several processes (distributed/sequence_split.py) self-attention spans them all
+    return getattr(attend, "self_attention", attend)
 
 
 def feed_forward(ffn: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
@@ -493,10 +540,13 @@ class WanDiT(nn.Module):
             tokens, e, e0, rope, attend = sequence.shard(tokens, grid, e, e0, rope, attend,
                                                          self.config.num_heads)
             attention_rows = tokens.shape[1]
+        owed = OwedUpdate() if compiled else None  # the last FFN's update, added by the next block
         for block in (self.blocks if blocks is None else blocks):
             between_blocks()
             args = (tokens, e0, rope, text, image, attend, self.compute_dtype, attention_rows)
-            tokens = compiled_forward(block, *args) if compiled else block(*args)
+            tokens = compiled_forward(block, *args, owed=owed) if compiled else block(*args)
+        if owed is not None and owed.update is not None:
+            add_gated_(tokens, *owed.take())
 
         out = self.head(tokens, e)
         if sequence is not None:
@@ -510,28 +560,47 @@ _COMPILED_BLOCK_FORWARD = None
 def compiled_block_forward():
     """WanBlock.forward with each of its three phases (self-attention, cross-attention,
     feed-forward) through torch.compile, made once per process and shared by every block of every
-    model: the weights are graph inputs, so 30 or 40 blocks reuse the three compiled graphs. They
+    model: the weights are graph inputs, so 30 or 40 blocks reuse the compiled graphs. They
     fuse the float32 norms, modulation, RoPE and gated residuals around the matrix and attention
     kernels into a few Triton kernels (a forward's time drops by about a quarter on an H100).
+
+    forward(block, x, e0, rope, context, image_context, attend, compute_dtype, attention_rows,
+    owed) -> x, updated in place; with an OwedUpdate `owed`, the update it holds (the previous
+    block's FFN) is added first and this block's FFN update is left in it instead of added (the
+    caller adds the last one).
+
     A graph per phase, not one per block: a compiled graph updates the residual stream out of
     place and writes it back at its end, so a graph spanning two residual updates holds a float32
     working copy of x between them (one graph for the block held it through the FFN, one for
-    both attentions through cross-attention); each phase's graph ends in its update. A new video
-    shape compiles again (tens of seconds, once); values differ from the eager blocks by rounding
-    only, since the fused kernels skip intermediate roundings."""
+    both attentions through cross-attention). Instead a phase's update is added at the start of
+    the next phase's graph, in the pass of that phase's norm, where it would otherwise be a pass
+    of its own over x: the self-attention's in the cross-attention graph, the FFN's in the next
+    block's self-attention graph. The cross-attention's own update is added in its graph: handed
+    on, it would stay alive through the FFN, the block's peak. The first block's self-attention
+    graph, with nothing to add, is a fourth graph. A new video shape compiles again (tens of
+    seconds, once); values differ from the eager blocks by rounding only, since the fused kernels
+    skip intermediate roundings."""
     global _COMPILED_BLOCK_FORWARD
     if _COMPILED_BLOCK_FORWARD is None:
         _raise_recompile_limit(COMPILED_GRAPHS_KEPT)
-        self_attention = torch.compile(WanBlock.self_attention_phase, dynamic=False)
+        self_attention = torch.compile(WanBlock.self_attention_update, dynamic=False)
         cross_attention = torch.compile(WanBlock.cross_attention_phase, dynamic=False)
-        feed_forward_phase = torch.compile(WanBlock.feed_forward_phase, dynamic=False)
+        feed_forward_update = torch.compile(WanBlock.feed_forward_update, dynamic=False)
 
         def forward(block, x, e0, rope, context, image_context, attend, compute_dtype,
-                    attention_rows=None):
-            x = self_attention(block, x, e0, rope, attend, compute_dtype, attention_rows)
+                    attention_rows=None, owed: OwedUpdate | None = None):
+            # the owed update is handed over without a name here, so it is freed once added
+            update = self_attention(block, x, e0, rope, attend, compute_dtype,
+                                    None if owed is None else owed.take())
             x = cross_attention(block, x, context, image_context, attend, compute_dtype,
-                                attention_rows)
-            return feed_forward_phase(block, x, e0, compute_dtype)
+                                attention_rows, update)
+            del update
+            ffn_update = feed_forward_update(block, x, e0, compute_dtype)
+            if owed is not None:
+                owed.update = ffn_update
+            elif ffn_update is not None:
+                add_gated_(x, *ffn_update)
+            return x
         _COMPILED_BLOCK_FORWARD = forward
     return _COMPILED_BLOCK_FORWARD
 

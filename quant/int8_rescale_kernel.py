@@ -4,7 +4,7 @@
 The same float32 operations in the same order as the PyTorch statement
 (`acc.float() * row_scales * col_scales + bias.float()`, then the cast; quant/kernels.py), with
 Triton's multiply-add contraction off at the launch, so the output equals the statement's to the
-bit without its three float32 temporaries of the product's size.
+bit without the statement's float32 temporaries of the product's size.
 """
 
 from __future__ import annotations

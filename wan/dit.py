@@ -567,7 +567,8 @@ def compiled_block_forward():
     forward(block, x, e0, rope, context, image_context, attend, compute_dtype, attention_rows,
     owed) -> x, updated in place; with an OwedUpdate `owed`, the update it holds (the previous
     block's FFN) is added first and this block's FFN update is left in it instead of added (the
-    caller adds the last one).
+    caller adds the last one). The self-attention runs in one pass over x's rows (WanDiT.forward
+    gives compiled blocks all rows as attention_rows, which the cross-attention takes too).
 
     A graph per phase, not one per block: a compiled graph updates the residual stream out of
     place and writes it back at its end, so a graph spanning two residual updates holds a float32

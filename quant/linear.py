@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..gpu_support import warn_once
-from .fp8_rows import quantize_activations
+from .fp8_rows import quantize_activations, quantize_opaque_output
 from .gelu_fp8 import gelu_quantize
 from .kernels import (fp8_codes_matmul, fp8_matmul_unavailable, fp8_scaled_matmul,
                       fp8_shape_unsupported, int8_scaled_matmul)
@@ -175,6 +175,18 @@ class Fp8Linear(QuantizedLinear):
         if bias is not None:
             x = x + bias.to(x.dtype)
         return self(F.gelu(x, approximate="tanh"))
+
+    def forward_after_opaque(self, x: torch.Tensor) -> torch.Tensor:
+        """self(x) for an x made by an operator torch.compile cannot fuse into (the attention
+        output): its fp8 codes come from the row kernel inside compiled graphs too
+        (fp8_rows.quantize_opaque_output)."""
+        if not self._multiplies_codes(x):
+            return self.dequantized_forward(x)
+        lead = x.shape[:-1]
+        codes, scales = quantize_opaque_output(x.reshape(-1, self.in_features))
+        out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale, self.fast_accum,
+                               self.bias)
+        return self._finish(out, x.dtype, lead)
 
     def input_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., K] as the fp8 matmul's input: codes [M, K] and float32 scales [M, 1]."""

@@ -669,6 +669,44 @@ def test_gpu_int8_epilogue_kernel_equals_the_statement_in_less_memory():
     assert statement_peak >= product * (4 + 4)  # int32 products and their float32 copy
 
 
+def test_a_layer_after_an_opaque_operator_computes_what_it_computes_on_any_input():
+    """after_opaque(layer, x) is layer(x) in value: a plain layer, an fp8 layer (here on the CPU,
+    dequantizing) and an int8 one."""
+    from wan_enhanced.wan.dit import after_opaque
+    x = activations(2, 7, 96)
+    for layer in (random_linear().bfloat16(), SCHEMES["fp8_e4m3fn"].quantize(random_linear()),
+                  SCHEMES["int8_dynamic"].quantize(random_linear())):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert torch.equal(after_opaque(layer, x), layer(x))
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_layer_after_an_opaque_operator_keeps_its_row_kernel_when_compiled():
+    """In a compiled graph an fp8 layer after an attention kernel quantizes its input with the row
+    kernel (an operator of its own in the graph, not inductor's reduction), and gives the eager
+    result to the bit (the same codes, the same product)."""
+    if kernels.fp8_matmul_unavailable(torch.device("cuda")) is not None:
+        pytest.skip("no fp8 matmul on this GPU")
+    from wan_enhanced.wan.dit import after_opaque
+    layer = SCHEMES["fp8_e4m3fn_fast"].quantize(random_linear()).cuda()
+    x = activations(3, 40, 96).cuda()
+    eager = after_opaque(layer, x)
+    targets = []
+
+    def recording(graph, inputs):
+        targets.extend(str(node.target) for node in graph.graph.nodes)
+        return graph
+
+    torch._dynamo.reset()
+    torch.compile(lambda t: after_opaque(layer, t), backend=recording, fullgraph=True)(x)
+    assert any("fp8_rows" in target for target in targets), targets
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: after_opaque(layer, t), fullgraph=True)
+    assert torch.equal(compiled(x), eager)
+    torch._dynamo.reset()
+
+
 # -- typed configurations --------------------------------------------------------------------
 
 def test_typed_configurations_are_the_weight_dtype_choices():

@@ -132,7 +132,7 @@ class SelfAttention(nn.Module):
                     attend) -> torch.Tensor:
         """The attention output of rows start.. (h: their normed input) over all keys."""
         q = self._rotated(self.q(h), self.norm_q, rope, start)
-        return self.o(attend(q, k, v).flatten(2))
+        return after_opaque(self.o, attend(q, k, v).flatten(2))
 
 
 class CrossAttention(nn.Module):
@@ -171,9 +171,10 @@ class CrossAttention(nn.Module):
     def attend_rows(self, h: torch.Tensor, text_kv, image_kv, attend) -> torch.Tensor:
         q = self._normed(self.q(h), self.norm_q)
         out = attend(q, *text_kv)
-        if image_kv is not None:
-            out = out + attend(q, *image_kv)
-        return self.o(out.flatten(2))
+        if image_kv is None:
+            return after_opaque(self.o, out.flatten(2))
+        # the sum of the two attentions is a step a compiled graph fuses the codes into
+        return self.o((out + attend(q, *image_kv)).flatten(2))
 
 
 class ResidualUpdate(NamedTuple):
@@ -324,6 +325,15 @@ class WanBlock(nn.Module):
             k[:, start:end], v[:, start:end] = attn.keys_values(
                 normed(start, end, shift, scale), rope, start)
         return k, v
+
+
+def after_opaque(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) for an x that an attention kernel made: a layer that quantizes its input (fp8
+    matmuls) then does so in a kernel of its own inside compiled graphs too, since there is no
+    step before it that the compiler could fuse the quantization into
+    (Fp8Linear.forward_after_opaque)."""
+    forward = getattr(layer, "forward_after_opaque", None)
+    return layer(x) if forward is None else forward(x)
 
 
 def _self_attend(attend):

@@ -195,7 +195,8 @@ def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
         "steps": ran, "steps_in_workflow": steps, "offload": scenario.offload,
         "total_seconds": round(seconds, 2), "seconds_per_step": seconds_per_step(log.events),
         "peak_allocated_gib": _gib(peak.allocated if peak else ranks.get("allocated_peak")),
-        "peak_reserved_gib": _gib(peak.reserved if peak else ranks.get("reserved_peak")),
+        # one process: the allocator's reserved peak; several GPUs: the largest device peak
+        "peak_reserved_gib": _gib(peak.reserved if peak else ranks.get("device_peak")),
         "gpus": gpus, "fsdp": fsdp, "comm_seconds": ranks.get("comm_seconds"),
         "mean_sm_activity": activity["summary"].get("mean_sm_activity"),
         "compute_load_gpu_s": activity["summary"].get("compute_load"),
@@ -217,8 +218,9 @@ def seconds_per_step(events: list[dict]) -> float | None:
 
 
 def rank_summary(events: list[dict]) -> dict:
-    """Of the last several-GPU run in `events`: the largest peaks over its ranks and rank 0's
-    communication seconds (all-to-all, ring, output gather, CFG swap); {} without one."""
+    """Of the last several-GPU run in `events`: the largest peaks over its ranks (device_peak:
+    the allocator's reserved peak plus what a rank held outside it, profiling.report_ranks) and
+    rank 0's communication seconds (all-to-all, ring, output gather, CFG swap); {} without one."""
     ranks = [e["extra"] for e in events if e.get("stage") == "ranks" and e.get("extra")]
     starts = [i for i, r in enumerate(ranks) if r.get("rank") == 0]
     if not starts:
@@ -232,7 +234,7 @@ def rank_summary(events: list[dict]) -> dict:
     comm = sum(last[0].get(f"{kind}_seconds") or 0.0
                for kind in ("all_to_all", "ring", "gather", "cfg"))
     peaks = [p for p in map(device_peak, last) if p is not None]
-    return {"reserved_peak": max(peaks) if peaks else None,
+    return {"device_peak": max(peaks) if peaks else None,
             "allocated_peak": largest("allocated_peak_bytes"), "comm_seconds": round(comm, 3)}
 
 

@@ -56,7 +56,10 @@ def test_rank_summary_and_speedup():
     events = [{"stage": "ranks", "extra": {"rank": r, "reserved_peak_bytes": 5 + r,
                                            "allocated_peak_bytes": 3, "all_to_all_seconds": 0.5,
                                            "cfg_seconds": 0.25}} for r in (0, 1, 0, 1, 2)]
-    assert rank_summary(events) == {"reserved_peak": 7, "allocated_peak": 3, "comm_seconds": 0.75}
+    assert rank_summary(events) == {"device_peak": 7, "allocated_peak": 3, "comm_seconds": 0.75}
+    # with fsdp on GPUs a rank's chunks sit outside the allocator: its device peak counts them
+    events[-1]["extra"]["outside_allocator_bytes"] = 4
+    assert rank_summary(events)["device_peak"] == 5 + 2 + 4
     assert rank_summary([]) == {}
     rows = [{"case": "a", "gpus": 1, "seconds_per_step": 3.0}]
     row = {"case": "a", "gpus": 2, "seconds_per_step": 1.6}

@@ -10,8 +10,8 @@ from wan_enhanced.conformance.golden_file import read_golden
 from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig
 from wan_enhanced.wan.attention import get_backend
 from wan_enhanced.wan.glue import add_gated_
-from wan_enhanced.wan.dit import (OwedUpdate, WanDiT, compiled_block_forward, group_timesteps,
-                                   sinusoidal_embedding)
+from wan_enhanced.wan.compiled_blocks import OwedUpdate, compiled_block_forward
+from wan_enhanced.wan.dit import WanDiT, group_timesteps, sinusoidal_embedding
 from wan_enhanced.wan.rope import RotaryTable, rope_angles
 
 

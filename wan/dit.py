@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import get_backend
+from .compiled_blocks import OwedUpdate, compiled_block_forward
 from .configs import DiTConfig
 from .glue import (add_gated_, gelu_product_weights, layer_norm, linear_gelu, modulate, norm_affine,
                    norm_modulate, rms_norm_heads)
@@ -180,22 +181,9 @@ class CrossAttention(nn.Module):
 class ResidualUpdate(NamedTuple):
     """x += y * gate (gate [B, G, D] per group of tokens, or None), owed to the residual stream x:
     the compiled blocks hand a phase's update to the next phase's graph, which adds it in the pass
-    of its own norm (see compiled_block_forward)."""
+    of its own norm (wan/compiled_blocks.py)."""
     y: torch.Tensor
     gate: torch.Tensor | None
-
-
-class OwedUpdate:
-    """The residual update one compiled block leaves to the next (compiled_block_forward). It
-    is held here rather than by the caller's variables, so taking it hands it over: it is freed
-    as soon as the next block's first graph has added it, not kept alive through that block."""
-
-    def __init__(self):
-        self.update: ResidualUpdate | None = None
-
-    def take(self) -> ResidualUpdate | None:
-        update, self.update = self.update, None
-        return update
 
 
 class WanBlock(nn.Module):
@@ -520,7 +508,7 @@ class WanDiT(nn.Module):
         (image-to-video); t: timesteps on the 0..1000 scale, taken as given (never rounded);
         context: [B, L, 4096] umT5 rows; clip_tokens: [B, 257, 1280] for Wan2.1 I2V.
         `blocks` lets an offloader supply the blocks as they become resident (default: self.blocks).
-        compiled: run the blocks through torch.compile (see compiled_block_forward).
+        compiled: run the blocks through torch.compile (wan/compiled_blocks.py).
         between_blocks(): called before every block; the caller's interrupt check raises there.
         sequence: this process computes one shard of the token rows, the others of its process
         group the rest (distributed/sequence_split.py SequenceSplit); the output is whole.
@@ -562,69 +550,6 @@ class WanDiT(nn.Module):
         if sequence is not None:
             out = sequence.gather(out)
         return self.unpatchify(out, grid)
-
-
-_COMPILED_BLOCK_FORWARD = None
-
-
-def compiled_block_forward():
-    """WanBlock.forward with each of its three phases (self-attention, cross-attention,
-    feed-forward) through torch.compile, made once per process and shared by every block of every
-    model: the weights are graph inputs, so 30 or 40 blocks reuse the compiled graphs. They
-    fuse the float32 norms, modulation, RoPE and gated residuals around the matrix and attention
-    kernels into a few Triton kernels (a forward's time drops by about a quarter on an H100).
-
-    forward(block, x, e0, rope, context, image_context, attend, compute_dtype, attention_rows,
-    owed) -> x, updated in place; with an OwedUpdate `owed`, the update it holds (the previous
-    block's FFN) is added first and this block's FFN update is left in it instead of added (the
-    caller adds the last one). The self-attention runs in one pass over x's rows (WanDiT.forward
-    gives compiled blocks all rows as attention_rows, which the cross-attention takes too).
-
-    A graph per phase, not one per block: a compiled graph updates the residual stream out of
-    place and writes it back at its end, so a graph spanning two residual updates holds a float32
-    working copy of x between them (one graph for the block held it through the FFN, one for
-    both attentions through cross-attention). Instead a phase's update is added at the start of
-    the next phase's graph, in the pass of that phase's norm, where it would otherwise be a pass
-    of its own over x: the self-attention's in the cross-attention graph, the FFN's in the next
-    block's self-attention graph. The cross-attention's own update is added in its graph: handed
-    on, it would stay alive through the FFN, the block's peak. The first block's self-attention
-    graph, with nothing to add, is a fourth graph. A new video shape compiles again (tens of
-    seconds, once); values differ from the eager blocks by rounding only, since the fused kernels
-    skip intermediate roundings."""
-    global _COMPILED_BLOCK_FORWARD
-    if _COMPILED_BLOCK_FORWARD is None:
-        _raise_recompile_limit(COMPILED_GRAPHS_KEPT)
-        self_attention = torch.compile(WanBlock.self_attention_update, dynamic=False)
-        cross_attention = torch.compile(WanBlock.cross_attention_phase, dynamic=False)
-        feed_forward_update = torch.compile(WanBlock.feed_forward_update, dynamic=False)
-
-        def forward(block, x, e0, rope, context, image_context, attend, compute_dtype,
-                    attention_rows=None, owed: OwedUpdate | None = None):
-            # the owed update is handed over without a name here, so it is freed once added
-            update = self_attention(block, x, e0, rope, attend, compute_dtype,
-                                    None if owed is None else owed.take())
-            x = cross_attention(block, x, context, image_context, attend, compute_dtype,
-                                attention_rows, update)
-            del update
-            ffn_update = feed_forward_update(block, x, e0, compute_dtype)
-            if owed is not None:
-                owed.update = ffn_update
-            elif ffn_update is not None:
-                add_gated_(x, *ffn_update)
-            return x
-        _COMPILED_BLOCK_FORWARD = forward
-    return _COMPILED_BLOCK_FORWARD
-
-
-# Every video size, timestep form (TI2V per-frame or not) and weight format gets its own graph of
-# the shared block forward; past dynamo's default of 8, later ones would run eager, unannounced.
-COMPILED_GRAPHS_KEPT = 64
-
-
-def _raise_recompile_limit(limit: int) -> None:
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), limit))
 
 
 def is_block_linear(key: str) -> bool:

@@ -91,6 +91,12 @@ class LoraLinear(nn.Module):
             bias = term if bias is None else bias + term.to(bias.dtype)
         return bias
 
+    def output_bytes(self, dtype: torch.dtype) -> int:
+        """What the base layer's forward holds per output element (dit.hidden_bytes sizes the
+        FFN's chunks by it): the terms come on top of the base's output."""
+        output_bytes = getattr(self.base, "output_bytes", None)
+        return dtype.itemsize if output_bytes is None else output_bytes(dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active_terms():
             return self.base(x)

@@ -3,9 +3,11 @@
 PyTorch's statement (quant.rowwise.quantize_rows) makes several passes over the activation,
 two of them in float32: abs, the row maximum, the division and the clamp, the cast. In eager
 runs on CUDA one Triton program per row reads it once and writes its codes and scale, equal
-to the statement's to the bit. Under torch.compile the statement stays: inductor fuses it into
-the operation that produces the activation (a norm, a residual update), which an opaque kernel
-would prevent.
+to the statement's to the bit. Under torch.compile the statement stays (quantize_activations):
+inductor fuses it into the operation that produces the activation (a norm, a residual update),
+which an opaque kernel would prevent; where that operation is itself opaque (an attention
+kernel), the kernel runs inside the graph too, as an operator of its own
+(quantize_opaque_output).
 """
 
 from __future__ import annotations

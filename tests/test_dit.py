@@ -305,6 +305,9 @@ def test_the_ffn_chunks_count_what_its_first_layer_holds(monkeypatch):
     assert dit.hidden_bytes(SCHEMES["fp8_e4m3fn_fast"].quantize(plain), bf16) == 2
     assert dit.hidden_bytes(SCHEMES["int8"].quantize(plain), bf16) == 2  # weight-only
     assert dit.hidden_bytes(int8, bf16) == 6
+    from wan_enhanced.lora.layers import LoraLinear
+    assert dit.hidden_bytes(LoraLinear(int8), bf16) == 6  # a LoRA'd layer: what its base holds
+    assert dit.hidden_bytes(LoraLinear(plain), bf16) == 2
     assert len(dit.ffn_chunks(27280, 1, 14336, 2)) == 1
     assert len(dit.ffn_chunks(27280, 1, 14336, 6)) == 3
 

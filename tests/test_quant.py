@@ -635,7 +635,7 @@ def test_gpu_int8_epilogue_kernel_equals_the_statement_in_less_memory():
         out = kernels.int8_matmul(codes, weight) * scales * weight_scale
         return (out if bias is None else out + bias.float()).to(torch.bfloat16)
 
-    for rows, cols, width in ((45, 80, 96), (300, 200, 4096)):
+    for rows, cols, width in ((5, 80, 96), (45, 80, 96), (300, 200, 4096)):  # 5: padded
         codes = torch.randint(-127, 128, (rows, width), generator=gen, dtype=torch.int8).cuda()
         weight = torch.randint(-127, 128, (cols, width), generator=gen, dtype=torch.int8).cuda()
         scales = (torch.rand(rows, 1, generator=gen) * 1e-3).cuda()
@@ -669,16 +669,21 @@ def test_gpu_int8_epilogue_kernel_equals_the_statement_in_less_memory():
     assert statement_peak >= product * (4 + 4)  # int32 products and their float32 copy
 
 
-def test_a_layer_after_an_opaque_operator_computes_what_it_computes_on_any_input():
-    """after_opaque(layer, x) is layer(x) in value: a plain layer, an fp8 layer (here on the CPU,
-    dequantizing) and an int8 one."""
+def test_a_layer_after_an_opaque_operator_computes_what_it_computes_on_any_input(monkeypatch):
+    """after_opaque(layer, x) is layer(x) in value: a plain layer, a dequantizing fp8 layer, an
+    int8 one; and a fast fp8 layer (let to use the CPU's torch._scaled_mm here) multiplies the
+    same per-token codes as its own forward, not the dequantized weight."""
     from wan_enhanced.wan.dit import after_opaque
     x = activations(2, 7, 96)
     for layer in (random_linear().bfloat16(), SCHEMES["fp8_e4m3fn"].quantize(random_linear()),
                   SCHEMES["int8_dynamic"].quantize(random_linear())):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            assert torch.equal(after_opaque(layer, x), layer(x))
+        assert torch.equal(after_opaque(layer, x), layer(x))
+    fast = SCHEMES["fp8_e4m3fn_fast"].quantize(random_linear())
+    monkeypatch.setattr(Fp8Linear, "_multiplies_codes", lambda self, x: True)
+    out = after_opaque(fast, x)
+    assert out.shape == (2, 7, 80) and out.dtype == torch.bfloat16
+    assert torch.equal(out, fast.scaled_forward(x))
+    assert not torch.equal(out, fast.dequantized_forward(x))
 
 
 @pytest.mark.gpu

@@ -11,11 +11,14 @@ copy of x between them (one graph for the block held it through the FFN, one for
 through cross-attention). Instead a phase's update (dit.ResidualUpdate) is added at the start of
 the next phase's graph, in the pass of that phase's norm, where it would otherwise be a pass of
 its own over x: the self-attention's in the cross-attention graph, the FFN's in the next block's
-self-attention graph (OwedUpdate carries it). The cross-attention's own update is added in its
-graph: handed on, it would stay alive through the FFN, the block's peak. The first block's
-self-attention graph, with nothing to add, is a fourth graph. A new video shape compiles again
-(tens of seconds, once); values differ from the eager blocks by rounding only, since the fused
-kernels skip intermediate roundings.
+self-attention graph (OwedUpdate carries it). A handed-on update stays alive through the graph
+that adds it (the graph's inputs are held until it returns): the FFN's through the next
+self-attention, the self-attention's through the cross-attention. The cross-attention's own
+update is added in its graph: handed on, it would stay alive through the FFN, the block's peak
+where the FFN runs whole (a chunked FFN adds its chunks as it goes and hands nothing on). The
+first block's self-attention graph, with nothing to add, is a fourth graph. A new video shape
+compiles again (tens of seconds, once); values differ from the eager blocks by rounding only,
+since the fused kernels skip intermediate roundings.
 
 The graphs are of the block class's phase methods (self_attention_update, cross_attention_phase,
 feed_forward_update: wan/dit.py WanBlock), taken from the block given, so this module needs
@@ -30,15 +33,17 @@ import torch
 
 from .glue import add_gated_
 
-# Every video size, timestep form (TI2V per-frame or not) and weight format gets its own graph of
-# the shared block phases; past dynamo's default of 8, later ones would run eager, unannounced.
-COMPILED_GRAPHS_KEPT = 64
+# Every video size, timestep form (TI2V per-frame or not) and weight format gets its own graphs of
+# the shared block phases (the self-attention two: the first block's, with nothing owed, and the
+# others'); past dynamo's default of 8 per phase, later ones would run eager, unannounced.
+COMPILED_GRAPHS_KEPT = 128
 
 
 class OwedUpdate:
     """The residual update one compiled block leaves to the next. It is held here rather than by
-    the caller's variables, so taking it hands it over: it is freed as soon as the next block's
-    first graph has added it, not kept alive through that block."""
+    the caller's variables, so taking it hands it over: it is freed when the next block's
+    self-attention graph, which adds it, returns, not kept alive through that block's other
+    graphs."""
 
     def __init__(self):
         self.update = None  # a dit.ResidualUpdate, or None
@@ -63,7 +68,7 @@ def compiled_block_forward() -> Callable:
 def _forward(block, x, e0, rope, context, image_context, attend, compute_dtype,
              attention_rows=None, owed: OwedUpdate | None = None):
     self_attention, cross_attention, feed_forward = _graphs(type(block))
-    # the owed update is handed over without a name here, so it is freed once added
+    # the owed update is handed over without a name here: freed when this graph returns
     update = self_attention(block, x, e0, rope, attend, compute_dtype,
                             None if owed is None else owed.take())
     x = cross_attention(block, x, context, image_context, attend, compute_dtype, attention_rows,

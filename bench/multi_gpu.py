@@ -44,9 +44,9 @@ from wan_enhanced.atomic_files import write_atomically  # noqa: E402
 from wan_enhanced.bench.harness import device_name, save_result  # noqa: E402
 from wan_enhanced.distributed.contracts import ForwardCase, ForwardRequest, ModelSpec  # noqa: E402
 from wan_enhanced.distributed.devices import available  # noqa: E402
-from wan_enhanced.profiling.report_ranks import device_peak  # noqa: E402
 from wan_enhanced.distributed.errors import WorkerFailed  # noqa: E402
 from wan_enhanced.distributed.group import WorkerGroup  # noqa: E402
+from wan_enhanced.profiling.report_ranks import device_peak  # noqa: E402
 from wan_enhanced.wan.configs import KNOWN_DITS, DiTConfig  # noqa: E402
 
 SEED = 20261124

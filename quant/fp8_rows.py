@@ -63,12 +63,14 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return launch_rows(x)
 
 
-def _rows_shape(x):
+def rows_shape(x: torch.Tensor, bias: torch.Tensor | None = None):
+    """What launch_rows returns for x [M, K], without computing it (the row operators' fake
+    outputs while torch.compile traces): fp8 codes [M, K] and float32 scales [M, 1]."""
     return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
             x.new_empty(x.shape[0], 1, dtype=torch.float32))
 
 
-FP8_ROWS = kernel_operator("wan_enhanced_quant::fp8_rows", _rows, _rows_shape)
+FP8_ROWS = kernel_operator("wan_enhanced_quant::fp8_rows", _rows, rows_shape)
 
 
 def quantize_opaque_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gpu_support import kernel_operator
-from .fp8_rows import launch_rows, rows_kernel_usable
+from .fp8_rows import launch_rows, rows_kernel_usable, rows_shape
 from .rowwise import FP8, quantize_rows
 
 
@@ -33,13 +33,8 @@ def _gelu_fp8_rows(x: torch.Tensor, bias: torch.Tensor | None
     return launch_rows(x, bias, gelu=True)
 
 
-def _gelu_fp8_rows_shape(x, bias):
-    return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
-            x.new_empty(x.shape[0], 1, dtype=torch.float32))
-
-
 GELU_FP8_ROWS = kernel_operator("wan_enhanced_quant::gelu_fp8_rows", _gelu_fp8_rows,
-                                _gelu_fp8_rows_shape)
+                                rows_shape)
 
 
 def gelu_quantize(x: torch.Tensor, bias: torch.Tensor | None = None

@@ -167,11 +167,7 @@ class Fp8Linear(QuantizedLinear):
         activations' fp8 quantization are one pass over x (quant/gelu_fp8.py) instead of
         four."""
         if self.runs_fp8_matmul(x.device):
-            lead = x.shape[:-1]
-            codes, scales = self.gelu_codes(x, bias)
-            out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale,
-                                   self.fast_accum, self.bias)
-            return self._finish(out, x.dtype, lead)
+            return self._codes_product(*self.gelu_codes(x, bias), x)
         if bias is not None:
             x = x + bias.to(x.dtype)
         return self(F.gelu(x, approximate="tanh"))
@@ -182,11 +178,7 @@ class Fp8Linear(QuantizedLinear):
         (fp8_rows.quantize_opaque_output)."""
         if not self._multiplies_codes(x):
             return self.dequantized_forward(x)
-        lead = x.shape[:-1]
-        codes, scales = quantize_opaque_output(x.reshape(-1, self.in_features))
-        out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale, self.fast_accum,
-                               self.bias)
-        return self._finish(out, x.dtype, lead)
+        return self._codes_product(*quantize_opaque_output(x.reshape(-1, self.in_features)), x)
 
     def input_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., K] as the fp8 matmul's input: codes [M, K] and float32 scales [M, 1]."""
@@ -196,6 +188,14 @@ class Fp8Linear(QuantizedLinear):
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """gelu_tanh(x + bias) as the fp8 matmul's input, in one pass (quant/gelu_fp8.py)."""
         return gelu_quantize(x.reshape(-1, self.in_features), bias)
+
+    def _codes_product(self, codes: torch.Tensor, scales: torch.Tensor,
+                       x: torch.Tensor) -> torch.Tensor:
+        """The fp8 matmul of x's activation codes [M, K] (scales [M, 1]) with the bias in its
+        epilogue, in x's dtype and leading shape."""
+        out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale, self.fast_accum,
+                               self.bias)
+        return self._finish(out, x.dtype, x.shape[:-1])
 
     def _finish(self, out: torch.Tensor, dtype: torch.dtype, lead) -> torch.Tensor:
         """The matmul's bf16 output (its bias added in the kernel) in x's dtype and shape."""

@@ -45,17 +45,18 @@ def import_gluon_kernel(module: str, package: str):
         return f"this Triton has no Gluon for Hopper ({type(exc).__name__}: {exc})"
 
 
-def kernel_operator(qualified_name: str, fn, fake):
+def kernel_operator(qualified_name: str, fn, fake, mutates: tuple[str, ...] = ()):
     """A callable for the kernel launcher `fn`: while torch.compile traces, the PyTorch operator
     `namespace::name` with `fake` (its output shapes), which keeps the kernel whole inside a
     compiled region; in eager runs `fn` itself, without the operator's dispatch (tens of
-    microseconds a call). The operator is registered once per process, also when two copies of
-    this package are imported (ComfyUI's custom_nodes copy and an installed one): the second
-    copy gets the first one's."""
+    microseconds a call). `mutates`: the arguments fn writes in place (the compiler then writes
+    into the graph's own input there, no copy). The operator is registered once per process,
+    also when two copies of this package are imported (ComfyUI's custom_nodes copy and an
+    installed one): the second copy gets the first one's."""
     namespace, name = qualified_name.split("::")
     operator = getattr(getattr(torch.ops, namespace), name, None)
     if operator is None:
-        operator = torch.library.custom_op(qualified_name, fn, mutates_args=())
+        operator = torch.library.custom_op(qualified_name, fn, mutates_args=mutates)
         operator.register_fake(fake)
 
     def call(*args):

@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..quant.kernels import fp8_codes_matmul
-from ..quant.rowwise import FP8, quantize_rows
+from ..quant.rowwise import FP8, RowCodes, quantize_rows
 from .fp8_sum import fp8_sum
 
 _FP8_MULTIPLE = 16  # torch._scaled_mm's widths
@@ -169,19 +169,26 @@ _PARTS = {"low_rank": ("down", "up"), "weight_diff": ("diff",), "bias_diff": ("d
 class LoraFp8Linear(LoraLinear):
     """LoraLinear around an fp8 layer: keeps the layer's fp8 feed-forward steps
     (runs_fp8_matmul, scaled_forward_without_bias, gelu_forward), and where the fp8 matmul runs,
-    every term reads the input's fp8 codes."""
+    every term reads the input's fp8 codes; so it also takes a norm's codes (RowCodes), as
+    the base does."""
+
+    takes_row_codes = True
 
     def runs_fp8_matmul(self, device: torch.device) -> bool:
         return self.base.runs_fp8_matmul(device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
+        if isinstance(x, RowCodes):
+            return self._from_codes(x.codes, x.scales, x, with_bias=True)
         if self.active_terms() and self.base.runs_fp8_matmul(x.device):
             codes, scales = self.base.input_codes(x)
             return self._from_codes(codes, scales, x, with_bias=True)
         return super().forward(x)
 
-    def scaled_forward_without_bias(self, x: torch.Tensor) -> torch.Tensor:
+    def scaled_forward_without_bias(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
         """The fp8 matmul and the terms without any bias (the next step adds self.bias)."""
+        if isinstance(x, RowCodes):
+            return self._from_codes(x.codes, x.scales, x, with_bias=False)
         codes, scales = self.base.input_codes(x)
         return self._from_codes(codes, scales, x, with_bias=False)
 
@@ -195,8 +202,12 @@ class LoraFp8Linear(LoraLinear):
         codes, scales = self.base.gelu_codes(x, bias)
         return self._from_codes(codes, scales, x, with_bias=True)
 
-    def _from_codes(self, codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor,
+    def _from_codes(self, codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor | RowCodes,
                     with_bias: bool) -> torch.Tensor:
+        """The product of x's codes with the layer and its terms (x: for its shape and dtype)."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"LoRA fp8 layer: input of width {x.shape[-1]} for a layer of "
+                             f"{self.in_features} input features")
         base = self.base
         bias = self.bias if with_bias else None  # added in the fp8 kernel's epilogue
         summed = self._summed_codes(codes.shape[0])

@@ -55,8 +55,14 @@ def launch_rows(x: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = 
     fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales, width,
                              HAS_BIAS=bias is not None, GELU=gelu, PART0=parts[0],
                              PART1=parts[1], PART2=parts[2], PART3=parts[3],
-                             num_warps=16 if parts[0] >= 8192 else 8)
+                             num_warps=row_warps(width))
     return codes, scales
+
+
+def row_warps(width: int) -> int:
+    """Warps per row program: 8 for rows of 8192 columns or more, else 4 (H100, the fastest
+    at Wan's widths, 1536-14336: bench/results/2026-11-26-h100-row-kernel-warps/)."""
+    return 8 if width >= 8192 else 4
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,8 @@ from .fp8_rows import quantize_activations, quantize_opaque_output
 from .gelu_fp8 import gelu_quantize
 from .kernels import (fp8_codes_matmul, fp8_matmul_unavailable, fp8_scaled_matmul,
                       fp8_shape_unsupported, int8_scaled_matmul)
-from .rowwise import FP8, INT8, RowFormat, dequantize_weight, quantize_rows, quantize_weight
+from .rowwise import (FP8, INT8, RowCodes, RowFormat, dequantize_weight, quantize_rows,
+                      quantize_weight)
 
 
 def fast_fallback_message(reason: str, dtype: torch.dtype) -> str:
@@ -117,6 +118,9 @@ class Fp8Linear(QuantizedLinear):
     multiples of 16); elsewhere the dequantizing forward, announced once by a warning."""
 
     fmt = FP8
+    # forward and scaled_forward_without_bias also take a norm's codes (rowwise.RowCodes) where
+    # runs_fp8_matmul holds
+    takes_row_codes = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  compute_dtype: torch.dtype = torch.bfloat16,
@@ -126,7 +130,9 @@ class Fp8Linear(QuantizedLinear):
         self.fast = fast
         self.fast_accum = fast_accum  # the tensor cores' own accumulator over K (see kernels)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
+        if isinstance(x, RowCodes):
+            return self._row_codes_product(x, self.bias)
         return self.scaled_forward(x) if self._multiplies_codes(x) else self.dequantized_forward(x)
 
     def dense_weight(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -156,8 +162,10 @@ class Fp8Linear(QuantizedLinear):
     def runs_fp8_matmul(self, device: torch.device) -> bool:
         return self.fast and self._fp8_matmul_reason(device) is None
 
-    def scaled_forward_without_bias(self, x: torch.Tensor) -> torch.Tensor:
+    def scaled_forward_without_bias(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
         """The fp8 matmul without the bias (which the next step adds: gelu_forward)."""
+        if isinstance(x, RowCodes):
+            return self._row_codes_product(x, None)
         out = fp8_scaled_matmul(x.reshape(-1, self.in_features), self.weight,
                                 self.weight_scale, self.fast_accum)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
@@ -196,6 +204,16 @@ class Fp8Linear(QuantizedLinear):
         out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale, self.fast_accum,
                                self.bias)
         return self._finish(out, x.dtype, x.shape[:-1])
+
+    def _row_codes_product(self, rows: RowCodes, bias: torch.Tensor | None) -> torch.Tensor:
+        """The fp8 matmul of a norm's codes (callers checked runs_fp8_matmul), with `bias` in
+        its epilogue, in the activation's dtype and leading shape."""
+        if rows.shape[-1] != self.in_features:
+            raise ValueError(f"Fp8Linear: input codes of width {rows.shape[-1]} for a layer of "
+                             f"{self.in_features} input features")
+        out = fp8_codes_matmul(rows.codes, rows.scales, self.weight, self.weight_scale,
+                               self.fast_accum, bias)
+        return self._finish(out, rows.dtype, rows.shape[:-1])
 
     def _finish(self, out: torch.Tensor, dtype: torch.dtype, lead) -> torch.Tensor:
         """The matmul's bf16 output (its bias added in the kernel) in x's dtype and shape."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import mmap
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -48,6 +49,18 @@ class RowFormat:
 
 FP8 = RowFormat(torch.float8_e4m3fn, torch.finfo(torch.float8_e4m3fn).max, rounds=False)
 INT8 = RowFormat(torch.int8, 127.0, rounds=True)
+
+
+class RowCodes(NamedTuple):
+    """An activation [..., K] handed to fp8 matmuls as their input: fp8 e4m3fn codes [M, K] and
+    float32 scales [M, 1], one per token (quantize_rows with FP8, to the bit); `shape` and
+    `dtype` are the activation's, which is never stored. Made by a norm that does its own
+    quantization (wan/glue.py norm_codes); taken by layers with `takes_row_codes`
+    (quant/linear.py Fp8Linear). A named tuple: torch.compile traces it without a graph break."""
+    codes: torch.Tensor
+    scales: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
 
 
 def quantize_rows(rows: torch.Tensor, fmt: RowFormat) -> tuple[torch.Tensor, torch.Tensor]:

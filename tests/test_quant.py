@@ -669,6 +669,7 @@ def test_gpu_int8_epilogue_kernel_equals_the_statement_in_less_memory():
     assert statement_peak >= product * (4 + 4)  # int32 products and their float32 copy
 
 
+@pytest.mark.skipif(not has_cpu_kernel("_scaled_mm"), reason="no torch._scaled_mm on this CPU")
 def test_a_layer_after_an_opaque_operator_computes_what_it_computes_on_any_input(monkeypatch):
     """after_opaque(layer, x) is layer(x) in value: a plain layer, a dequantizing fp8 layer, an
     int8 one; and a fast fp8 layer (let to use the CPU's torch._scaled_mm here) multiplies the

@@ -21,11 +21,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..quant.rowwise import RowCodes
 from .attention import get_backend
 from .compiled_blocks import OwedUpdate, compiled_block_forward
 from .configs import DiTConfig
 from .glue import (add_gated_, gelu_product_weights, layer_norm, linear_gelu, modulate, norm_affine,
-                   norm_modulate, rms_norm_heads)
+                   norm_codes, norm_modulate, rms_norm_heads, takes_row_codes)
 from .rope import RotaryTable
 
 
@@ -221,10 +222,19 @@ class WanBlock(nn.Module):
         """shift, scale, gate of self-attention, then of the FFN: float32 [B, G, D] each."""
         return (self.modulation.float() + e0).unbind(2)
 
-    def _normed(self, x, start, end, shift, scale, compute_dtype):
+    def _normed(self, x, start, end, shift, scale, compute_dtype, layers, pending=None):
+        """The modulated norm of rows start..end, the input of `layers`: their fp8 codes where
+        they all take them (glue.norm_codes: one pass, `pending` added in it), else in
+        compute_dtype (`pending` added to x first). `pending` only with all rows."""
         length = x.shape[1]
-        return norm_modulate(x[:, start:end], group_rows(shift, start, end, length),
-                             group_rows(scale, start, end, length), self.eps, compute_dtype)
+        rows = x if (start, end) == (0, length) else x[:, start:end]
+        shift, scale = group_rows(shift, start, end, length), group_rows(scale, start, end, length)
+        if layers and takes_row_codes(layers, x):
+            return norm_codes(rows, self.eps, compute_dtype, shift=shift, scale=scale,
+                              pending=pending)
+        if pending is not None:
+            add_gated_(x, *pending)
+        return norm_modulate(rows, shift, scale, self.eps, compute_dtype)
 
     def self_attention_phase(self, x, e0, rope, attend, compute_dtype,
                              attention_rows: int | None = None):
@@ -239,15 +249,16 @@ class WanBlock(nn.Module):
         def rows(table, start, end):
             return group_rows(table, start, end, length)
 
-        def normed(start, end, shift, scale):
-            return self._normed(x, start, end, shift, scale, compute_dtype)
-
         attn = self.self_attn
+
+        def normed(start, end, shift, scale, layers):
+            return self._normed(x, start, end, shift, scale, compute_dtype, layers)
+
         k, v = self._chunked_keys_values(x, chunks, normed, shift_sa, scale_sa, rope,
                                          compute_dtype)
         for start, end in chunks:
-            out = attn.attend_rows(normed(start, end, shift_sa, scale_sa), rope, start, k, v,
-                                   _self_attend(attend))
+            out = attn.attend_rows(normed(start, end, shift_sa, scale_sa, (attn.q,)), rope,
+                                   start, k, v, _self_attend(attend))
             add_gated_(x[:, start:end], out, rows(gate_sa, start, end))
         del k, v, out
         return x
@@ -256,11 +267,10 @@ class WanBlock(nn.Module):
                               pending: ResidualUpdate | None = None) -> ResidualUpdate:
         """Self-attention over all rows in one pass, returned as x's update, not added to x;
         `pending` (an update still owed to x) is added to x first."""
-        if pending is not None:
-            add_gated_(x, *pending)
         shift_sa, scale_sa, gate_sa = self._modulated(e0)[:3]
         attn = self.self_attn
-        h = self._normed(x, 0, x.shape[1], shift_sa, scale_sa, compute_dtype)
+        h = self._normed(x, 0, x.shape[1], shift_sa, scale_sa, compute_dtype,
+                         (attn.q, attn.k, attn.v), pending)
         k, v = attn.keys_values(h, rope, 0)
         return ResidualUpdate(attn.attend_rows(h, rope, 0, k, v, _self_attend(attend)), gate_sa)
 
@@ -268,14 +278,22 @@ class WanBlock(nn.Module):
                               attention_rows: int | None = None,
                               pending: ResidualUpdate | None = None):
         """Cross-attention to the text (and image) tokens added to x (in place; returned), over
-        the same row chunks as self-attention; `pending` is added to x first."""
-        if pending is not None:
+        the same row chunks as self-attention; `pending` is added to x first (in the pass of
+        the norm's codes where the query projection takes them: glue.norm_codes)."""
+        chunks = row_chunks(x.shape[1], 1, attention_rows)
+        codes = self.norm3 is not None and takes_row_codes((self.cross_attn.q,), x)
+        if pending is not None and not (codes and len(chunks) == 1):
             add_gated_(x, *pending)
+            pending = None
         text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
-        for start, end in row_chunks(x.shape[1], 1, attention_rows):
-            part = x[:, start:end]
-            h = part.to(compute_dtype) if self.norm3 is None else norm_affine(
-                part, self.norm3, self.eps, compute_dtype)
+        for start, end in chunks:
+            part = x if len(chunks) == 1 else x[:, start:end]
+            if self.norm3 is None:
+                h = part.to(compute_dtype)
+            elif codes:
+                h = norm_codes(part, self.eps, compute_dtype, norm=self.norm3, pending=pending)
+            else:
+                h = norm_affine(part, self.norm3, self.eps, compute_dtype)
             add_gated_(part, self.cross_attn.attend_rows(h, text_kv, image_kv, attend), None)
         return x
 
@@ -293,12 +311,14 @@ class WanBlock(nn.Module):
         length, groups = x.shape[1], e0.shape[1]
         chunks = ffn_chunks(length, groups, self.ffn[0].out_features,
                             hidden_bytes(self.ffn[0], compute_dtype))
+        # the first layer takes the norm's codes where the second takes the GELU's (feed_forward)
+        layers = (self.ffn[0],) if getattr(self.ffn[2], "gelu_forward", None) is not None else ()
         if len(chunks) == 1:
             return ResidualUpdate(feed_forward(self.ffn, self._normed(
-                x, 0, length, shift_ff, scale_ff, compute_dtype)), gate_ff)
+                x, 0, length, shift_ff, scale_ff, compute_dtype, layers)), gate_ff)
         for start, end in chunks:
             out = feed_forward(self.ffn, self._normed(x, start, end, shift_ff, scale_ff,
-                                                      compute_dtype))
+                                                      compute_dtype, layers))
             add_gated_(x[:, start:end], out, group_rows(gate_ff, start, end, length))
         return None
 
@@ -311,7 +331,7 @@ class WanBlock(nn.Module):
         v = x.new_empty(heads, dtype=compute_dtype)
         for start, end in chunks:
             k[:, start:end], v[:, start:end] = attn.keys_values(
-                normed(start, end, shift, scale), rope, start)
+                normed(start, end, shift, scale, (attn.k, attn.v)), rope, start)
         return k, v
 
 
@@ -343,7 +363,8 @@ def feed_forward(ffn: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
             return second(linear_gelu(h, *weights))
         return second(act(first(h)))
     fp8_first = getattr(first, "runs_fp8_matmul", None)
-    if fp8_first is not None and fp8_first(h.device):
+    # a norm's codes (RowCodes) come only to a first layer that runs the fp8 matmul
+    if fp8_first is not None and (isinstance(h, RowCodes) or fp8_first(h.device)):
         return gelu_forward(first.scaled_forward_without_bias(h), first.bias)
     return gelu_forward(first(h))
 

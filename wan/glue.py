@@ -9,9 +9,11 @@ with float32 arithmetic and one rounding at the end.
 
 Modulation tables are [B, G, D] with G groups of L / G consecutive tokens (see dit.py).
 
-Two steps run as operators of their own inside compiled graphs too, where they beat what the
-compiler makes of the statements: the q/k norm with its rotation (rms_norm_heads) and the FFN's
-first product with its GELU in the product's epilogue (linear_gelu).
+Three steps run as operators of their own inside compiled graphs too, where they beat what the
+compiler makes of the statements: the q/k norm with its rotation (rms_norm_heads), the FFN's
+first product with its GELU in the product's epilogue (linear_gelu), and a norm read only by fp8
+matmuls, which hands them their input codes with the residual update before it in the same pass
+(norm_codes).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gpu_support import kernel_operator, triton_kernels_usable
+from ..quant.rowwise import FP8, RowCodes, quantize_rows
 from .rope import RotaryTable
 
 
@@ -103,6 +106,135 @@ def _norm(x, eps, dtype, shift=None, scale=None, weight=None, bias=None) -> torc
         table.stride(0), table.stride(1), eps, MODULATE=shift is not None,
         AFFINE=weight is not None, BLOCK_D=block, num_warps=warps)
     return out
+
+
+# -- a norm read only by fp8 matmuls, handed to them as their input codes ------------------------
+
+def takes_row_codes(layers, x: torch.Tensor) -> bool:
+    """Whether every layer of `layers` takes norm_codes' codes of the float32 stream x (quant/
+    linear.py Fp8Linear, where its fp8 matmul runs). A loop, not a generator, which
+    torch.compile (2.11) would break its graph at."""
+    if x.dtype != torch.float32 or x.stride(-1) != 1:
+        return False
+    for layer in layers:
+        if not (getattr(layer, "takes_row_codes", False) and layer.runs_fp8_matmul(x.device)):
+            return False
+    return True
+
+
+def norm_codes(x: torch.Tensor, eps: float, dtype: torch.dtype, *,
+               shift: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+               norm: torch.nn.LayerNorm | None = None,
+               pending: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> RowCodes:
+    """norm_modulate(x, shift, scale) (or norm_affine(x, norm)) as the fp8 input codes of the
+    layers that read it (rowwise.RowCodes; callers check takes_row_codes), in one pass over x,
+    also inside compiled graphs: the activation is never stored, and its quantization is not a
+    reduction of the compiler's over rows wider than it keeps whole (which read each row three
+    times: bench/results/2026-11-26-h100-norm-codes/). `pending` (y, gate): x += y * gate first
+    (add_gated_), in place, in the same pass."""
+    if not triton_kernels_usable(x) or (torch.compiler.is_compiling()
+                                        and x.shape[-1] > WIDEST_COMPILED):
+        return norm_codes_statement(x, eps, dtype, shift=shift, scale=scale, norm=norm,
+                                    pending=pending)
+    weight = bias = None
+    if norm is not None:
+        weight, bias = norm.weight.float(), norm.bias.float()
+    elif shift.stride() != scale.stride():  # the kernel indexes both with one stride
+        shift, scale = shift.float().contiguous(), scale.float().contiguous()
+    else:
+        shift, scale = shift.float(), scale.float()
+    rounding = ROUNDINGS[dtype]
+    if pending is None:
+        codes, scales = NORM_CODES(x, shift, scale, weight, bias, eps, rounding)
+    else:
+        y, gate = pending
+        codes, scales = ADD_NORM_CODES(x, y, None if gate is None else gate.float(), shift,
+                                       scale, weight, bias, eps, rounding)
+    return RowCodes(codes, scales, x.shape, dtype)
+
+
+def norm_codes_statement(x: torch.Tensor, eps: float, dtype: torch.dtype, *,
+                         shift: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                         norm: torch.nn.LayerNorm | None = None,
+                         pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
+                         ) -> RowCodes:
+    """What norm_codes computes, step by step: add_gated_, norm_modulate or norm_affine,
+    quantize_rows (the path where the kernel cannot run, and its reference)."""
+    if pending is not None:
+        add_gated_(x, *pending)
+    h = (norm_affine(x, norm, eps, dtype) if norm is not None
+         else norm_modulate(x, shift, scale, eps, dtype))
+    codes, scales = quantize_rows(h.reshape(-1, h.shape[-1]), FP8)
+    return RowCodes(codes, scales, x.shape, dtype)
+
+
+# Inside compiled graphs the kernel runs for rows up to this wide; past it, at 14B's 5120, the
+# compiler's fused steps were faster (H100: bench/results/2026-11-26-h100-norm-codes/).
+WIDEST_COMPILED = 4096
+
+# what norm_codes rounds the norm to before quantizing it (glue_kernels.ROUND_*)
+ROUNDINGS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def codes_warps(width: int) -> int:
+    """Warps per row of norm_codes_kernel, the fastest at Wan's widths on an H100 (bench/results/
+    2026-11-26-h100-norm-codes/): 8 at 1536, 4 at 3072, 8 at 5120."""
+    return 8 if width <= 2048 or width > 4096 else 4
+
+
+def launch_norm_codes(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
+                      shift: torch.Tensor | None, scale: torch.Tensor | None,
+                      weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                      rounding: int, warps: int | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm_codes_kernel over x [B, L, D] (unit channel stride): codes [B*L, D], scales
+    [B*L, 1]; with y [B, L, D], x += y * gate (gate [B, G, D] or None) first, in place. Tensors
+    the kernel does not use are passed as x, a placeholder pointer."""
+    b, length, d = x.shape
+    codes = torch.empty(b * length, d, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(b * length, 1, dtype=torch.float32, device=x.device)
+    if y is not None:
+        y = y.reshape(b * length, d)
+        if not y.is_contiguous():
+            y = y.contiguous()
+    table = x if shift is None else shift
+    gates = x if gate is None else gate
+    block = triton_next_power_of_2(d)
+    _kernels().norm_codes_kernel[(b * length,)](
+        x, x if y is None else y, gates, table, x if scale is None else scale,
+        x if weight is None else weight, x if bias is None else bias, codes, scales, length, d,
+        x.stride(0), x.stride(1), length if gate is None else length // gate.shape[1],
+        gates.stride(0), gates.stride(1),
+        length if shift is None else length // shift.shape[1], table.stride(0),
+        table.stride(1), eps, UPDATE=y is not None, GATED=gate is not None,
+        MODULATE=shift is not None, AFFINE=weight is not None, ROUNDING=rounding,
+        BLOCK_D=block, num_warps=warps or codes_warps(d))
+    return codes, scales
+
+
+def _norm_codes(x: torch.Tensor, shift: torch.Tensor | None, scale: torch.Tensor | None,
+                weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                rounding: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch_norm_codes(x, None, None, shift, scale, weight, bias, eps, rounding)
+
+
+def _add_norm_codes(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None,
+                    shift: torch.Tensor | None, scale: torch.Tensor | None,
+                    weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                    rounding: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch_norm_codes(x, y, gate, shift, scale, weight, bias, eps, rounding)
+
+
+def _codes_shape(x, *args):
+    rows = x.shape[0] * x.shape[1]
+    return (x.new_empty(rows, x.shape[2], dtype=torch.float8_e4m3fn),
+            x.new_empty(rows, 1, dtype=torch.float32))
+
+
+# registered at import: never inside a compiled region
+NORM_CODES = kernel_operator("wan_enhanced_glue::norm_codes", _norm_codes, _codes_shape)
+ADD_NORM_CODES = kernel_operator("wan_enhanced_glue::add_norm_codes", _add_norm_codes,
+                                 _codes_shape, mutates=("x",))
 
 
 def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:

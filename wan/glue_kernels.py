@@ -24,17 +24,9 @@ def _row_offset(row, L, stride_b, stride_l):
 
 
 @triton.jit
-def layer_norm_modulate_kernel(x_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, out_ptr, L, D,
-                               stride_xb, stride_xl, rows_per_group, stride_mb, stride_mg, eps,
-                               MODULATE: tl.constexpr, AFFINE: tl.constexpr,
-                               BLOCK_D: tl.constexpr):
-    """out = LN(x) * (1 + scale) + shift (MODULATE) or LN(x) * w + b (AFFINE), float32
-    arithmetic; x [B, L, D] with unit channel stride, out [B*L, D] contiguous in its dtype."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_D)
-    inside = cols < D
-    x = tl.load(x_ptr + _row_offset(row, L, stride_xb, stride_xl) + cols, mask=inside,
-                other=0.0).to(tl.float32)
+def _layer_norm(x, cols, inside, row, L, D, shift_ptr, scale_ptr, w_ptr, b_ptr, rows_per_group,
+                stride_mb, stride_mg, eps, MODULATE: tl.constexpr, AFFINE: tl.constexpr):
+    """LN(x) * (1 + scale) + shift (MODULATE) or LN(x) * w + b (AFFINE) of one float32 row."""
     mean = tl.sum(x, axis=0) / D
     centred = tl.where(inside, x - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / D + eps)
@@ -47,7 +39,71 @@ def layer_norm_modulate_kernel(x_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, out_pt
     if AFFINE:
         y = y * tl.load(w_ptr + cols, mask=inside, other=0.0) + tl.load(b_ptr + cols, mask=inside,
                                                                         other=0.0)
+    return y
+
+
+@triton.jit
+def layer_norm_modulate_kernel(x_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, out_ptr, L, D,
+                               stride_xb, stride_xl, rows_per_group, stride_mb, stride_mg, eps,
+                               MODULATE: tl.constexpr, AFFINE: tl.constexpr,
+                               BLOCK_D: tl.constexpr):
+    """out = LN(x) * (1 + scale) + shift (MODULATE) or LN(x) * w + b (AFFINE), float32
+    arithmetic; x [B, L, D] with unit channel stride, out [B*L, D] contiguous in its dtype."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    inside = cols < D
+    x = tl.load(x_ptr + _row_offset(row, L, stride_xb, stride_xl) + cols, mask=inside,
+                other=0.0).to(tl.float32)
+    y = _layer_norm(x, cols, inside, row, L, D, shift_ptr, scale_ptr, w_ptr, b_ptr,
+                    rows_per_group, stride_mb, stride_mg, eps, MODULATE, AFFINE)
     tl.store(out_ptr + row.to(tl.int64) * D + cols, y.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+# the activation dtype the codes kernel rounds the norm to before it quantizes (the order of the
+# statement: norm_modulate's output, then its quantization)
+ROUND_NONE = tl.constexpr(0)
+ROUND_BF16 = tl.constexpr(1)
+ROUND_FP16 = tl.constexpr(2)
+FP8_MAX = tl.constexpr(448.0)  # the largest float8_e4m3fn
+# PyTorch divides a tensor by a number as a product with its float32 reciprocal (quant/rowwise's
+# scale = amax / 448): amax times the rounding of 1 / 448 to float32 gives its bits
+INV_FP8_MAX = tl.constexpr(0.002232142857142857)
+SMALLEST_SCALE = tl.constexpr(1.1754943508222875e-38)  # float32's smallest normal number
+
+
+@triton.jit
+def norm_codes_kernel(x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, codes_ptr,
+                      scales_ptr, L, D, stride_xb, stride_xl, gate_rows, stride_gb, stride_gg,
+                      rows_per_group, stride_mb, stride_mg, eps, UPDATE: tl.constexpr,
+                      GATED: tl.constexpr, MODULATE: tl.constexpr, AFFINE: tl.constexpr,
+                      ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A norm read only by fp8 matmuls, as their input codes, in one pass over the float32 row:
+    with UPDATE, x += y * gate (GATED) or x += y first, in place (add_gated_kernel's arithmetic);
+    then the row of layer_norm_modulate_kernel, rounded to the activation's dtype (ROUNDING), as
+    codes = h / scale with scale = max |h| / 448 (quant/rowwise.py's per-token fp8 quantization,
+    to the bit): codes [B*L, D], scales [B*L]. The normed activation is never stored."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    inside = cols < D
+    offset = _row_offset(row, L, stride_xb, stride_xl) + cols
+    x = tl.load(x_ptr + offset, mask=inside, other=0.0).to(tl.float32)
+    if UPDATE:
+        y = tl.load(y_ptr + row.to(tl.int64) * D + cols, mask=inside, other=0.0).to(tl.float32)
+        if GATED:
+            g = _group_offset(row, L, gate_rows, stride_gb, stride_gg)
+            y = y * tl.load(gate_ptr + g + cols, mask=inside, other=0.0)
+        x = x + y
+        tl.store(x_ptr + offset, x, mask=inside)
+    h = _layer_norm(x, cols, inside, row, L, D, shift_ptr, scale_ptr, w_ptr, b_ptr,
+                    rows_per_group, stride_mb, stride_mg, eps, MODULATE, AFFINE)
+    if ROUNDING == ROUND_BF16:
+        h = h.to(tl.bfloat16).to(tl.float32)
+    elif ROUNDING == ROUND_FP16:
+        h = h.to(tl.float16).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(h), axis=0) * INV_FP8_MAX, SMALLEST_SCALE)
+    codes = tl.clamp(tl.math.div_rn(h, scale), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
+    tl.store(codes_ptr + row.to(tl.int64) * D + cols, codes, mask=inside)
+    tl.store(scales_ptr + row, scale)
 
 
 @triton.jit

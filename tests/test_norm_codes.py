@@ -1,0 +1,262 @@
+"""Norms read only by fp8 matmuls hand them their input codes (glue.norm_codes, rowwise.RowCodes):
+the same numbers as the norm, then the layer's own quantization, to the bit."""
+
+import warnings
+
+import pytest
+import torch
+
+from cpu_kernels import has_cpu_kernel
+
+from wan_enhanced.quant import SCHEMES, quantize_block_linears
+from wan_enhanced.quant import linear as quant_linear
+from wan_enhanced.quant.rowwise import FP8, RowCodes, quantize_rows
+from wan_enhanced.wan import dit, glue
+from wan_enhanced.wan.attention import get_backend
+from wan_enhanced.wan.configs import DiTConfig
+from wan_enhanced.wan.rope import RotaryTable
+
+needs_scaled_mm = pytest.mark.skipif(not has_cpu_kernel("_scaled_mm"),
+                                     reason="no torch._scaled_mm on this CPU")
+
+
+def _fp8_model(**kw) -> dit.WanDiT:
+    torch.manual_seed(0)
+    model = dit.WanDiT(DiTConfig(dim=64, ffn_dim=96, num_heads=2, num_layers=2, **kw),
+                       compute_dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    quantize_block_linears(model, SCHEMES["fp8_e4m3fn_fast"])
+    return model
+
+
+def _codes_counted(monkeypatch) -> list[int]:
+    calls = []
+    real = dit.norm_codes
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(dit, "norm_codes", counted)
+    return calls
+
+
+@needs_scaled_mm
+@pytest.mark.parametrize("kind", ["t2v", "ti2v"])
+def test_blocks_give_their_fp8_layers_the_norms_codes_to_the_bit(monkeypatch, kind):
+    """A bf16 model with fp8 matmuls (run through torch._scaled_mm's CPU kernel): its three norms
+    a block go to the layers as codes, and the output is, bit for bit, that of the norms handed
+    over in bf16 and quantized by each layer (also with per-frame modulation, TI2V)."""
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    model = _fp8_model(**({"in_dim": 48, "out_dim": 48} if kind == "ti2v" else {}))
+    cfg = model.config
+    x = torch.randn(1, cfg.in_dim, 3, 6, 8)
+    t = torch.tensor([[0.0, 400.0, 400.0]]) if kind == "ti2v" else torch.tensor([500.0])
+    ctx = torch.randn(1, 5, cfg.text_dim)
+    calls = _codes_counted(monkeypatch)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback of the fp8 layers
+        codes = model(x, t, ctx)
+        assert len(calls) == 3 * cfg.num_layers
+        monkeypatch.setattr(dit, "takes_row_codes", lambda layers, x: False)
+        plain = model(x, t, ctx)
+    assert len(calls) == 3 * cfg.num_layers
+    assert torch.equal(codes, plain)
+    assert codes.abs().max() > 0
+
+
+@needs_scaled_mm
+def test_a_pending_update_is_added_in_the_norms_pass(monkeypatch):
+    """self_attention_update and cross_attention_phase with an update still owed to x (the
+    compiled blocks hand them one): x is updated in place and the results are those of the update
+    added first, to the bit."""
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    model = _fp8_model()
+    block = model.blocks[0]
+    tokens, grid = model.patchify(torch.randn(1, 16, 2, 4, 6))
+    _, e0 = model.embed_time(torch.tensor([300.0]), 1, grid)
+    rope = RotaryTable(grid, model.config.rope_pairs)
+    text = model.embed_text(torch.randn(1, 5, 4096)).bfloat16()
+    sdpa, bf16 = get_backend("sdpa"), torch.bfloat16
+    y = torch.randn(tokens.shape, dtype=bf16)
+    gate = torch.randn(1, 1, tokens.shape[-1])
+    calls = _codes_counted(monkeypatch)
+    with torch.no_grad():
+        owed = tokens.clone()
+        update = block.self_attention_update(owed, e0, rope, sdpa, bf16,
+                                             pending=dit.ResidualUpdate(y, gate))
+        first = tokens.clone()
+        glue.add_gated_(first, y, gate)
+        expected = block.self_attention_update(first, e0, rope, sdpa, bf16)
+        assert torch.equal(owed, first) and torch.equal(update.y, expected.y)
+
+        crossed = block.cross_attention_phase(owed.clone(), text, None, sdpa, bf16,
+                                              pending=update)
+        glue.add_gated_(first, *expected)
+        expected_x = block.cross_attention_phase(first, text, None, sdpa, bf16)
+    assert torch.equal(crossed, expected_x)
+    assert len(calls) == 4
+
+
+@needs_scaled_mm
+def test_an_fp8_layer_multiplies_row_codes_as_its_own(monkeypatch):
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    torch.manual_seed(0)
+    layer = SCHEMES["fp8_e4m3fn_fast"].quantize(torch.nn.Linear(96, 80))
+    h = torch.randn(3, 5, 96).bfloat16()
+    rows = RowCodes(*quantize_rows(h.reshape(-1, 96), FP8), h.shape, h.dtype)
+    assert torch.equal(layer(rows), layer.scaled_forward(h))
+    assert torch.equal(layer.scaled_forward_without_bias(rows),
+                       layer.scaled_forward_without_bias(h))
+    narrow = RowCodes(*quantize_rows(h[..., :48].reshape(-1, 48), FP8), h[..., :48].shape,
+                      h.dtype)
+    with pytest.raises(ValueError, match="input codes of width 48 for a layer of 96"):
+        layer(narrow)
+
+
+def test_only_fp8_layers_that_run_their_matmul_take_codes(monkeypatch):
+    from wan_enhanced.lora.layers import LoraFp8Linear, LoraLinear
+
+    x = torch.randn(1, 4, 96)
+    fast = SCHEMES["fp8_e4m3fn_fast"].quantize(torch.nn.Linear(96, 80))
+    assert not glue.takes_row_codes((fast,), x)  # the CPU has no fp8 matmul
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    assert glue.takes_row_codes((fast,), x)
+    assert not glue.takes_row_codes((fast,), x.bfloat16())  # the float32 stream only
+    assert not glue.takes_row_codes((fast, torch.nn.Linear(96, 80)), x)
+    assert not glue.takes_row_codes((SCHEMES["fp8_e4m3fn"].quantize(torch.nn.Linear(96, 80)),), x)
+    assert glue.takes_row_codes((LoraFp8Linear(fast),), x)  # its terms read the codes too
+    assert not glue.takes_row_codes((LoraLinear(torch.nn.Linear(96, 80)),), x)
+
+
+# -- the kernel ----------------------------------------------------------------------------------
+
+def _cuda_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
+
+def _case(width: int, groups: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda")
+    x = randn(2, 12 * groups, width) * 3 + randn(1, 1, width)
+    x[0, 3] = 0  # a constant row: its norm is 0
+    y = (randn(2, 12 * groups, width) * 2).bfloat16()
+    gate, shift, scale = (randn(2, 6, groups, width)[:, i] for i in range(3))  # strided views
+    return x, y, gate, shift, scale
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [1000, 1536, 3072, 5120])
+def test_gpu_norm_codes_kernel_is_its_statement_to_the_bit(width):
+    """The kernel (update, norm, modulation or affine, rounding to bf16, codes) against
+    norm_codes_statement (the eager steps: add_gated_, the norm, quantize_rows): the same x after
+    the update, the same scales and codes (but a code in 10^5, one fp8 step off), with
+    per-group tables, ungated and gated updates."""
+    _cuda_or_skip()
+    gen = torch.Generator().manual_seed(width)
+    norm = torch.nn.LayerNorm(width, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.2 * torch.randn(width, generator=gen))
+        norm.bias.copy_(0.2 * torch.randn(width, generator=gen))
+    norm = norm.cuda()
+    for seed, groups in ((0, 1), (1, 3), (2, 1), (3, 2)):
+        x, y, gate, shift, scale = _case(width, groups, seed)
+        for kwargs in ({"shift": shift, "scale": scale}, {"norm": norm}):
+            for pending in (None, (y, gate), (y, None)):
+                got_x, ref_x = x.clone(), x.clone()
+                got = glue.norm_codes(got_x, 1e-6, torch.bfloat16, pending=pending, **kwargs)
+                ref = glue.norm_codes_statement(ref_x, 1e-6, torch.bfloat16, pending=pending,
+                                                **kwargs)
+                assert torch.equal(got_x, ref_x)
+                assert torch.equal(got.scales, ref.scales)
+                # the same float32 steps, but fused multiply-adds formed differently in the
+                # two kernels can move an h within an ulp of a bf16 rounding edge: a code in 10^5
+                differ = got.codes.view(torch.uint8) != ref.codes.view(torch.uint8)
+                assert float(differ.float().mean()) < 1e-4, (
+                    f"{int(differ.sum())} codes differ: {sorted(kwargs)}, update "
+                    f"{pending is not None}, groups {groups}")
+                steps = (got.codes.float() - ref.codes.float()).abs()
+                assert bool((steps <= ref.codes.float().abs() * 0.125 + 2 ** -9).all())
+                assert got.shape == x.shape and got.dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_norm_codes_are_one_operator_writing_the_stream_in_place():
+    """Inside a compiled graph the update and the norm's codes are the kernel, an operator of
+    its own (not inductor's reductions), writing into the graph's input x (no copy): the eager
+    results to the bit."""
+    _cuda_or_skip()
+    x, y, gate, shift, scale = _case(3072, 1, 2)
+
+    def step(stream, y, gate):
+        rows = glue.norm_codes(stream, 1e-6, torch.bfloat16, shift=shift, scale=scale,
+                               pending=(y, gate))
+        return rows.codes, rows.scales
+
+    eager_x = x.clone()
+    eager = step(eager_x, y, gate)
+    targets = []
+
+    def recording(graph, inputs):
+        targets.extend(str(node.target) for node in graph.graph.nodes)
+        return graph
+
+    torch._dynamo.reset()
+    torch.compile(step, backend=recording, fullgraph=True)(x.clone(), y, gate)
+    assert any("add_norm_codes" in target for target in targets), targets
+    torch._dynamo.reset()
+    compiled_x = x.clone()
+    pointer = compiled_x.data_ptr()
+    codes, scales = torch.compile(step, fullgraph=True)(compiled_x, y, gate)
+    torch._dynamo.reset()
+    assert compiled_x.data_ptr() == pointer and torch.equal(compiled_x, eager_x)
+    assert torch.equal(scales, eager[1])
+    assert torch.equal(codes.view(torch.uint8), eager[0].view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_block_phases_take_the_codes_without_a_graph_break():
+    """Each compiled phase of an fp8 block is one graph with the norm's codes operator in it (a
+    graph break would hand the codes back to Python, alive through the rest of the phase), and
+    gives the eager phase's result up to the compiled steps' rounding."""
+    _cuda_or_skip()
+    if quant_linear.fp8_matmul_unavailable(torch.device("cuda")) is not None:
+        pytest.skip("no fp8 matmul on this GPU")
+    model = _fp8_model().cuda()
+    block, cls = model.blocks[0], type(model.blocks[0])
+    tokens, grid = model.patchify(torch.randn(1, 16, 2, 8, 8, device="cuda"))
+    _, e0 = model.embed_time(torch.tensor([300.0], device="cuda"), 1, grid)
+    rope = RotaryTable(grid, model.config.rope_pairs, device="cuda")
+    text = model.embed_text(torch.randn(1, 5, 4096, device="cuda")).bfloat16()
+    sdpa, bf16 = get_backend("sdpa", torch.device("cuda")), torch.bfloat16
+    pending = dit.ResidualUpdate(torch.randn(tokens.shape, device="cuda").bfloat16(),
+                                 torch.randn(1, 1, tokens.shape[-1], device="cuda"))
+    phases = ((cls.self_attention_update, (e0, rope, sdpa, bf16, pending)),
+              (cls.cross_attention_phase, (text, None, sdpa, bf16, None, pending)),
+              (cls.feed_forward_update, (e0, bf16)))
+    with torch.no_grad():
+        for phase, args in phases:
+            targets = []
+
+            def recording(graph, inputs):
+                targets.extend(str(node.target) for node in graph.graph.nodes)
+                return graph
+
+            torch._dynamo.reset()
+            torch.compile(phase, backend=recording, fullgraph=True)(block, tokens.clone(), *args)
+            assert any("norm_codes" in target for target in targets), (phase.__name__, targets)
+            torch._dynamo.reset()
+            eager_x, compiled_x = tokens.clone(), tokens.clone()
+            eager = phase(block, eager_x, *args)
+            compiled = torch.compile(phase, fullgraph=True, dynamic=False)(block, compiled_x,
+                                                                         *args)
+            torch._dynamo.reset()
+            eager = eager.y if isinstance(eager, dit.ResidualUpdate) else eager
+            compiled = compiled.y if isinstance(compiled, dit.ResidualUpdate) else compiled
+            torch.testing.assert_close(compiled_x, eager_x, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(compiled.float(), eager.float(), rtol=0.02,
+                                       atol=0.02 * float(eager.abs().max()))

@@ -1,5 +1,5 @@
-"""The memory-bound passes around the fp8 matmuls and the fp8 attention, against the device's
-copy bandwidth, at Wan's shapes (one DiT block's tensors):
+"""The memory-bound passes around the fp8 matmuls, against the device's copy bandwidth, at Wan's
+shapes (one DiT block's tensors):
 
     python bench/row_kernels_gpu.py --out DIR [--shape 5b 1_3b 14b] [--warps 4 8 16 32]
 
@@ -8,9 +8,7 @@ copy bandwidth, at Wan's shapes (one DiT block's tensors):
 - a block's norms read by fp8 matmuls (wan/glue.py norm_codes: the residual update before the
   norm, the norm, its modulation or affine, the fp8 codes), with each --warps, against the
   same steps compiled by torch.compile (inductor's fused reductions, what the compiled blocks
-  ran before);
-- the statistics the fp8 attention's quantization needs first (the keys' mean, the values'
-  largest magnitudes per channel): PyTorch's two reductions against column_stats_kernel.
+  ran before).
 
 Each row: median ms (triton.testing.do_bench), the bytes it must move (each input read once,
 each output written once), GB/s, and that over a device-to-device copy's GB/s on this machine.
@@ -20,7 +18,6 @@ Rows go to DIR/row_kernels.json and .md.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -30,9 +27,8 @@ from wan_enhanced.bench.harness import device_name, save_result
 from wan_enhanced.quant import fp8_rows
 from wan_enhanced.wan import compiled_blocks, glue
 
-# tokens, dim, ffn, heads (a forward's tensors at the bench cases' sizes)
-SHAPES = {"5b": (27280, 3072, 14336, 24), "1_3b": (32760, 1536, 8960, 12),
-          "14b": (75600, 5120, 13824, 40)}
+# tokens, dim, ffn (a forward's tensors at the bench cases' sizes)
+SHAPES = {"5b": (27280, 3072, 14336), "1_3b": (32760, 1536, 8960), "14b": (75600, 5120, 13824)}
 
 
 def bench_ms(fn) -> float:
@@ -69,25 +65,6 @@ def rows_kernel(x: torch.Tensor, bias, gelu: bool, warps: int | None):
                                  num_warps=warps)
         return codes, scales
     return launch
-
-
-def torch_stats(k, v):
-    k_mean = k.mean(dim=1, dtype=torch.float32)
-    v_max = torch.linalg.vector_norm(v, ord=math.inf, dim=1, dtype=torch.float32)
-    return k_mean, v_max
-
-
-def kernel_stats(k, v, chunk: int, block: int, warps: int = 4):
-    from wan_enhanced.wan.fp8_attention_kernels import column_stats_kernel
-
-    b, length, heads, dim = k.shape
-    chunks = -(-length // chunk)
-    out = torch.empty(2, chunks, b * heads, dim, dtype=torch.float32, device=k.device)
-    column_stats_kernel[(chunks, b * heads)](k, v, out, length, heads, b * heads,
-                                             *k.stride()[:3], *v.stride()[:3], CHUNK=chunk,
-                                             BLOCK=block, D=dim, num_warps=warps)
-    return (out[0].sum(0).div_(length).reshape(b, heads, dim),
-            out[1].amax(0).reshape(b, heads, dim))
 
 
 def norm_rows(tokens: int, dim: int, warps: list[int], copy: float, gen, name: str,
@@ -142,7 +119,7 @@ def norm_rows(tokens: int, dim: int, warps: list[int], copy: float, gen, name: s
 
 
 def run_shape(name: str, warps: list[int], copy: float, device) -> list[dict]:
-    tokens, dim, ffn, heads = SHAPES[name]
+    tokens, dim, ffn = SHAPES[name]
     gen = torch.Generator(device=device).manual_seed(0)
     out = []
     for label, width, gelu in (("attention output codes", dim, False),
@@ -161,22 +138,6 @@ def run_shape(name: str, warps: list[int], copy: float, device) -> list[dict]:
                            shape=name, warps=w or "as launched", same_as_launched=same))
         del x, bias, ref
     out += norm_rows(tokens, dim, warps, copy, gen, name, device)
-    qkv = torch.randn(1, tokens, 3, heads, 128, device=device, generator=gen).to(torch.bfloat16)
-    k, v = qkv[:, :, 1], qkv[:, :, 2]  # strided views, as the block's projection leaves them
-    nbytes = 2 * k.numel() * 2
-    mean_ref, max_ref = torch_stats(k, v)
-    out.append(row("keys' mean + values' max: PyTorch", bench_ms(lambda: torch_stats(k, v)),
-                   nbytes, copy, shape=name))
-    for chunk, block, w in ((512, 64, 4), (1024, 64, 4), (1024, 128, 8), (2048, 128, 8),
-                            (512, 128, 8), (1024, 64, 8)):
-        mean, vmax = kernel_stats(k, v, chunk, block, w)
-        out.append(row(f"keys' mean + values' max: column_stats_kernel {chunk}/{block}",
-                       bench_ms(lambda: kernel_stats(k, v, chunk, block, w)), nbytes, copy,
-                       warps=w,
-                       shape=name, mean_max_rel=float((mean - mean_ref).abs().max()
-                                                      / mean_ref.abs().max()),
-                       max_equal=bool(torch.equal(vmax, max_ref))))
-    del qkv
     torch.cuda.empty_cache()
     return out
 
@@ -189,9 +150,7 @@ def markdown(rows: list[dict], copy: float, device: str) -> str:
                  f"{r['scales_rel']:.1e}"
                  if "codes_differing" in r else
                  "bitwise = as launched" if r.get("same_as_launched") else
-                 "DIFFERS" if "same_as_launched" in r else
-                 f"mean rel {r['mean_max_rel']:.1e}, max {'equal' if r['max_equal'] else 'DIFFERS'}"
-                 if "mean_max_rel" in r else "reference")
+                 "DIFFERS" if "same_as_launched" in r else "reference")
         lines.append(f"| {r['shape']} | {r['pass']} | {r.get('warps', '')} | {r['ms']:.4f} | "
                      f"{r['gbs']:.0f} | {r['of_copy']:.2f} | {check} |")
     return "\n".join(lines) + "\n"

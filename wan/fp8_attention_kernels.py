@@ -98,35 +98,6 @@ def quantize_vt_kernel(x_ptr, scale_ptr, out_ptr, L, Lp, H, stride_b, stride_l, 
     tl.store(out_ptr + bh.to(tl.int64) * D * Lp + cols[:, None] * Lp + rows[None, :], codes)
 
 
-@triton.jit
-def column_stats_kernel(k_ptr, v_ptr, out_ptr, L, H, BH, k_stride_b, k_stride_l, k_stride_h,
-                        v_stride_b, v_stride_l, v_stride_h, CHUNK: tl.constexpr,
-                        BLOCK: tl.constexpr, D: tl.constexpr):
-    """One read of K and V for both statistics the quantization needs first, per CHUNK tokens of
-    one head: the column sums of K and the column maxima of |V|, in float32, into out
-    [2, chunks, BH, D] (sums, then maxima; chunk = program_id(0)). Summing the chunks' rows in
-    order (a reduction over dim 1 of a few dozen rows) is deterministic, unlike atomics."""
-    chunk = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    cols = tl.arange(0, D)
-    k_base = k_ptr + b.to(tl.int64) * k_stride_b + h * k_stride_h
-    v_base = v_ptr + b.to(tl.int64) * v_stride_b + h * v_stride_h
-    total = tl.zeros([D], dtype=tl.float32)
-    largest = tl.zeros([D], dtype=tl.float32)
-    for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
-        rows = (start + tl.arange(0, BLOCK)).to(tl.int64)
-        inside = rows[:, None] < L
-        k = tl.load(k_base + rows[:, None] * k_stride_l + cols[None, :], mask=inside, other=0.0)
-        v = tl.load(v_base + rows[:, None] * v_stride_l + cols[None, :], mask=inside, other=0.0)
-        total += tl.sum(k.to(tl.float32), axis=0)
-        largest = tl.maximum(largest, tl.max(tl.abs(v.to(tl.float32)), axis=0))
-    out = out_ptr + (chunk.to(tl.int64) * BH + bh) * D + cols
-    tl.store(out, total)
-    tl.store(out + tl.num_programs(0).to(tl.int64) * BH * D, largest)
-
-
 # int32 scores to float32 without a conversion instruction: |score| <= 127 * 127 * 128 < 2^22, so
 # the bits of MAGIC_I + score read as a float are MAGIC_F + score exactly (1.5 * 2^23 + score)
 MAGIC_I = tl.constexpr(0x4B400000)

@@ -360,3 +360,89 @@ def test_auto_uses_the_hopper_kernel_for_long_keys_and_the_portable_one_for_shor
     q, k, v = _qkv(2000, heads=1, seed=4, device="cuda")
     ops = fa.quantize_only(q, k, v)
     assert fa.hopper_kernel_unavailable(ops, torch.empty_like(q)) is None
+
+
+# -- the queries' norm, rotation and codes in one pass ----------------------------------------
+
+def _projected_queries(length, heads, seed, device="cpu", start=0, tokens=None):
+    from wan_enhanced.wan.configs import DiTConfig
+    from wan_enhanced.wan.rope import RotaryTable
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    width = heads * 128
+    q = (torch.randn(1, length, width, generator=gen, device=device) * 2
+         + torch.randn(1, 1, width, generator=gen, device=device)).bfloat16()
+    weight = (1 + 0.3 * torch.randn(width, generator=gen, device=device)).bfloat16()
+    total = tokens or length + start
+    pairs = DiTConfig(dim=width, num_heads=heads).rope_pairs
+    rope = RotaryTable((1, 1, total), pairs, device=device)
+    return q, weight, rope
+
+
+def test_queries_before_their_norm_fall_back_to_norm_then_attention():
+    """fp8_attention_normed_query where the kernel does not take the keys (short text keys, or
+    no GPU): the queries' norm and rotation (glue.rms_norm_heads), then the backend, as the
+    block would call them."""
+    from wan_enhanced.wan.glue import rms_norm_heads
+
+    q, weight, rope = _projected_queries(40, 2, 0, start=5, tokens=60)
+    k, v = (torch.randn(1, 16, 2, 128).bfloat16() for _ in range(2))
+    out = fa.fp8_attention_normed_query(q, weight, 1e-6, 2, rope, 5, k, v)
+    expected = fa.fp8_attention(rms_norm_heads(q, weight, 1e-6, 2, rope, 5), k, v)
+    assert out.shape == (1, 40, 2, 128) and torch.equal(out, expected)
+
+
+def test_a_block_hands_the_fp8_backend_its_queries_before_their_norm(monkeypatch):
+    """SelfAttention.attend_rows gives the fp8 backend the projected queries, their norm's gain
+    and the rotation (which it applies in its own pass); any other backend gets them normed and
+    rotated. Both compute the same attention."""
+    from wan_enhanced.wan import dit
+    from wan_enhanced.wan.configs import DiTConfig
+    from wan_enhanced.wan.glue import rms_norm_heads
+    from wan_enhanced.wan.rope import RotaryTable
+    from wan_enhanced.wan.sdpa import sdpa
+
+    attn_pairs = DiTConfig(dim=256, num_heads=2).rope_pairs
+    torch.manual_seed(0)
+    attn = dit.SelfAttention(256, 2, 1e-6).bfloat16()
+    h = torch.randn(1, 12, 256).bfloat16()
+    rope = RotaryTable((1, 3, 4), attn_pairs)
+    k, v = (torch.randn(1, 12, 2, 128).bfloat16() for _ in range(2))
+    calls = []
+
+    def normed_query(q, weight, eps, heads, rope_, start, k_, v_):
+        calls.append((weight is attn.norm_q.weight, eps, heads, start))
+        return sdpa(rms_norm_heads(q, weight, eps, heads, rope_, start), k_, v_)
+    monkeypatch.setattr(dit, "fp8_attention_normed_query", normed_query)
+    with torch.no_grad():
+        fused = attn.attend_rows(h, rope, 0, k, v, fa.fp8_attention)
+        plain = attn.attend_rows(h, rope, 0, k, v, sdpa)
+    assert calls == [(True, 1e-6, 2, 0)]
+    assert torch.equal(fused, plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, length, start", [(12, 1500, 0), (24, 1100, 300), (40, 257, 0)])
+def test_queries_normed_and_quantized_in_one_pass_are_the_two_passes_to_the_bit(heads, length,
+                                                                               start):
+    """normed_query_codes (norm, rotation and int8 codes in one kernel) against rms_norm_heads
+    then quantize_q_kernel: the same codes and scales, padding rows included; the attention over
+    them the same output, eager and compiled (one operator in the graph)."""
+    _cuda_fp8_or_skip()
+    from wan_enhanced.wan.glue import rms_norm_heads
+
+    q, weight, rope = _projected_queries(length, heads, heads, "cuda", start,
+                                         tokens=length + start + 7)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    k, v = (torch.randn(1, 1024 + 77, heads, 128, generator=gen, device="cuda").bfloat16()
+            for _ in range(2))
+    normed = rms_norm_heads(q, weight, 1e-6, heads, rope, start)
+    two_pass = fa.quantize_only(normed, k, v)
+    q8, scales = fa.normed_query_codes(q, weight.float(), rope.cos, rope.sin, start, 1e-6, heads)
+    assert torch.equal(q8, two_pass.q8) and torch.equal(scales, two_pass.q_scale)
+    expected = fa.fp8_attention(normed, k, v)
+    out = fa.fp8_attention_normed_query(q, weight, 1e-6, heads, rope, start, k, v)
+    assert torch.equal(out, expected)
+    compiled = torch.compile(fa.fp8_attention_normed_query, fullgraph=True)
+    assert torch.equal(compiled(q, weight, 1e-6, heads, rope, start, k, v), expected)
+    torch._dynamo.reset()

@@ -25,6 +25,7 @@ from ..quant.rowwise import RowCodes
 from .attention import get_backend
 from .compiled_blocks import OwedUpdate, compiled_block_forward
 from .configs import DiTConfig
+from .fp8_attention import fp8_attention, fp8_attention_normed_query
 from .glue import (add_gated_, gelu_product_weights, layer_norm, linear_gelu, modulate, norm_affine,
                    norm_codes, norm_modulate, rms_norm_heads, takes_row_codes)
 from .rope import RotaryTable
@@ -132,9 +133,16 @@ class SelfAttention(nn.Module):
 
     def attend_rows(self, h: torch.Tensor, rope: RotaryTable, start: int, k, v,
                     attend) -> torch.Tensor:
-        """The attention output of rows start.. (h: their normed input) over all keys."""
-        q = self._rotated(self.q(h), self.norm_q, rope, start)
-        return after_opaque(self.o, attend(q, k, v).flatten(2))
+        """The attention output of rows start.. (h: their normed input) over all keys. The fp8
+        backend takes the queries before their norm: it norms, rotates and quantizes them in
+        one pass."""
+        q = self.q(h)
+        if attend is fp8_attention:
+            out = fp8_attention_normed_query(q, self.norm_q.weight, self.norm_q.eps,
+                                             self.num_heads, rope, start, k, v)
+        else:
+            out = attend(self._rotated(q, self.norm_q, rope, start), k, v)
+        return after_opaque(self.o, out.flatten(2))
 
 
 class CrossAttention(nn.Module):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ..gpu_support import (TRITON, fp8_unavailable, import_gluon_kernel, kernel_operator,
                            warn_once)
+from .glue import launch_shape, rms_norm_heads
 from .sdpa import sdpa
 
 FP8_MAX = 448.0
@@ -126,35 +127,42 @@ class Fp8Operands:
     pv_fp8: bool
 
 
-def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  pv_fp8: bool = True) -> Fp8Operands:
+def quantize_only(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
+                  pv_fp8: bool = True, queries: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> Fp8Operands:
     """The kernel's operands of q [B, Lq, heads, head_dim] and k, v [B, L, heads, head_dim]
     (the first of its two steps). pv_fp8=False keeps V in bf16 for a bf16 P V product (more
-    exact, slower)."""
+    exact, slower). `queries`: q's codes and scales already made (normed_query_codes), q None."""
     from . import fp8_attention_kernels as kernels
 
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+    if queries is None and (k.shape != v.shape or q.shape[0] != k.shape[0]
+                            or q.shape[2:] != k.shape[2:]):
         raise ValueError(f"fp8 attention takes q [B, Lq, H, D] and k, v [B, L, H, D]; got "
                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     b, length, heads, dim = k.shape
-    lq, lp, lqp = q.shape[1], padded_length(length), padded_length(q.shape[1])
-    bh = b * heads
+    lp, bh = padded_length(length), b * heads
     fp8 = torch.float8_e4m3fn
+    if queries is None:
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        lq = q.shape[1]
+        lqp = padded_length(lq)
+        queries = (k.new_empty(bh, lqp, dim, dtype=torch.int8),
+                   k.new_empty(bh, lqp, dtype=torch.float32))
+        kernels.quantize_q_kernel[(lqp // K_BLOCK, bh)](
+            q, *queries, lq, lqp, heads, *q.stride()[:3], LOG2E / math.sqrt(dim),
+            BLOCK=K_BLOCK, D=dim)
     ops = Fp8Operands(
-        q8=q.new_empty(bh, lqp, dim, dtype=torch.int8),
-        k8=q.new_empty(bh, lp, dim, dtype=torch.int8),
-        vt=q.new_empty(bh, dim, lp, dtype=fp8 if pv_fp8 else torch.bfloat16),
-        q_scale=q.new_empty(bh, lqp, dtype=torch.float32),
-        k_scale=q.new_empty(bh, lp // K_BLOCK, dtype=torch.float32),
+        q8=queries[0],
+        k8=k.new_empty(bh, lp, dim, dtype=torch.int8),
+        vt=k.new_empty(bh, dim, lp, dtype=fp8 if pv_fp8 else torch.bfloat16),
+        q_scale=queries[1],
+        k_scale=k.new_empty(bh, lp // K_BLOCK, dtype=torch.float32),
         v_scale=(torch.linalg.vector_norm(v, ord=math.inf, dim=1, dtype=torch.float32)
                  .clamp_min(1e-30).div_(FP8_MAX).reshape(bh, dim).contiguous()
-                 if pv_fp8 else q.new_ones(bh, dim, dtype=torch.float32)),
+                 if pv_fp8 else k.new_ones(bh, dim, dtype=torch.float32)),
         length=length, pv_fp8=pv_fp8)
     k_mean = k.mean(dim=1, dtype=torch.float32).reshape(bh, dim).contiguous()
-    kernels.quantize_q_kernel[(lqp // K_BLOCK, bh)](
-        q, ops.q8, ops.q_scale, lq, lqp, heads, *q.stride()[:3], LOG2E / math.sqrt(dim),
-        BLOCK=K_BLOCK, D=dim)
     grid = (lp // K_BLOCK, bh)
     kernels.quantize_k_kernel[grid](k, k_mean, ops.k8, ops.k_scale, length, lp, heads,
                                     *k.stride()[:3], BLOCK=K_BLOCK, D=dim)
@@ -253,6 +261,69 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     attend_quantized(ops, out, config)
     return out
+
+
+def normed_query_codes(q: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, start: int, eps: float, heads: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's query operand (q8 int8 [B * heads, Lq padded, D], scales [B * heads, Lq
+    padded]) of the projected queries q [B, Lq, W] before their norm: RMS norm over W times
+    `weight`, rotated by the tables cos/sin [tokens, 1, D / 2] from token `start` on, in one pass
+    (fp8_attention_kernels.normed_query_kernel): the codes of glue.rms_norm_heads' output, to
+    the bit, which is never stored. Rows past Lq as quantize_q_kernel leaves them (zeros)."""
+    from . import fp8_attention_kernels as kernels
+
+    b, lq, width = q.shape
+    dim = width // heads
+    lqp, bh = padded_length(lq), b * heads
+    score_scale = LOG2E / math.sqrt(dim)
+    q8 = q.new_empty(bh, lqp, dim, dtype=torch.int8)
+    scales = q.new_empty(bh, lqp, dtype=torch.float32)
+    if lqp > lq:  # what quantize_q_kernel writes for a row of zeros
+        q8[:, lq:] = 0
+        scales[:, lq:] = (torch.tensor(1e-30, dtype=torch.float32) / INT8_MAX
+                          * torch.tensor(score_scale, dtype=torch.float32))
+    block, warps = launch_shape(width // 2)  # rms_norm_heads' launch: its sums in its order
+    kernels.normed_query_kernel[(b * lq,)](
+        q.contiguous(), weight, cos, sin, q8, scales, width, cos.shape[-1], eps, lq, start,
+        heads, lqp, score_scale, BLOCK_P=block, D=dim, num_warps=warps)
+    return q8, scales
+
+
+def _normed_query_attention(q: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor, start: int, eps: float, k: torch.Tensor,
+                            v: torch.Tensor) -> torch.Tensor:
+    b, lq, width = q.shape
+    heads, dim = k.shape[2], k.shape[3]
+    ops = quantize_only(None, k, v, queries=normed_query_codes(q, weight, cos, sin, start, eps,
+                                                               heads))
+    out = q.new_empty(b, lq, heads, dim)
+    attend_quantized(ops, out)
+    return out
+
+
+def _normed_query_attention_shape(q, weight, cos, sin, start, eps, k, v):
+    return q.new_empty(q.shape[0], q.shape[1], k.shape[2], k.shape[3])
+
+
+# registered at import: never inside a compiled region
+FP8_NORMED_QUERY_ATTENTION = kernel_operator(
+    "wan_enhanced_attention::fp8_normed_query_attention", _normed_query_attention,
+    _normed_query_attention_shape)
+
+
+def fp8_attention_normed_query(q: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                               heads: int, rope, start: int, k: torch.Tensor,
+                               v: torch.Tensor) -> torch.Tensor:
+    """fp8_attention(rms_norm_heads(q, norm_weight, eps, heads, rope, start), k, v) for the
+    projected queries q [B, Lq, W] before their norm: where the kernel takes these keys, the
+    queries' norm, rotation and int8 codes are one pass (normed_query_codes) instead of two,
+    with the same codes (H100: bench/results/2026-11-26-h100-normed-query/)."""
+    if (k.shape[1] < MIN_KEYS or q.dtype != torch.bfloat16 or not q.is_cuda
+            or q.shape[-1] != heads * k.shape[-1]):
+        return fp8_attention(rms_norm_heads(q, norm_weight, eps, heads, rope, start), k, v)
+    return FP8_NORMED_QUERY_ATTENTION(q, norm_weight.float(), rope.cos, rope.sin, start, eps,
+                                      k, v)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .glue_kernels import rms_norm_rope_row
+
 FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 INT8_MAX = tl.constexpr(127.0)
 K_BLOCK = tl.constexpr(128)  # tokens per key scale, and the autotuned configurations' BLOCK_N
@@ -70,6 +72,29 @@ def quantize_q_kernel(x_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l, s
     tl.store(out_ptr + bh.to(tl.int64) * Lp * D + rows[:, None] * D + cols[None, :], codes,
              mask=keep[:, None])
     tl.store(scale_ptr + bh.to(tl.int64) * Lp + rows, scale * score_scale, mask=keep)
+
+
+@triton.jit
+def normed_query_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, scale_ptr, W, HALF_HEAD, eps,
+                        L, rope_start, H, Lp, score_scale, BLOCK_P: tl.constexpr,
+                        D: tl.constexpr):
+    """The queries' RMS norm and rotation (glue_kernels.rms_norm_rope_kernel's row of x [B*L, W],
+    rounded to bf16 as that kernel stores it) and their int8 codes (quantize_q_kernel's numbers)
+    in one pass: q never goes to memory in bf16. One program per token, all its heads."""
+    row = tl.program_id(0)
+    y, base = rms_norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, row, W, HALF_HEAD, eps, L,
+                                rope_start, True, BLOCK_P)
+    heads: tl.constexpr = 2 * BLOCK_P // D
+    y = tl.reshape(y.to(tl.bfloat16).to(tl.float32), [heads, D])
+    scale = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-30) / INT8_MAX
+    codes = _round_int8(y / scale[:, None])
+    head = tl.arange(0, heads)
+    bh = (row // L).to(tl.int64) * H + head
+    token = row % L
+    keep = head < H
+    tl.store(out_ptr + (bh * Lp + token)[:, None] * D + tl.arange(0, D)[None, :], codes,
+             mask=keep[:, None])
+    tl.store(scale_ptr + bh * Lp + token, scale * score_scale, mask=keep)
 
 
 @triton.jit

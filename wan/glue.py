@@ -35,7 +35,8 @@ def _kernels():
     return glue_kernels
 
 
-def _launch_shape(width: int) -> tuple[int, int]:
+def launch_shape(width: int) -> tuple[int, int]:
+    """Lanes (the width's next power of two) and warps of a one-row program of these kernels."""
     block = triton_next_power_of_2(width)
     return block, 4 if block <= 2048 else 8 if block <= 4096 else 16
 
@@ -92,7 +93,7 @@ def _norm(x, eps, dtype, shift=None, scale=None, weight=None, bias=None) -> torc
     (arguments the kernel does not use are passed as x, a placeholder pointer)."""
     b, length, d = x.shape
     out = torch.empty(b, length, d, dtype=dtype, device=x.device)
-    block, warps = _launch_shape(d)
+    block, warps = launch_shape(d)
     rows_per_group = length
     if shift is not None:
         shift, scale = shift.float(), scale.float()
@@ -249,7 +250,7 @@ def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> t
     y = y.reshape(b * length, d)
     if not y.is_contiguous():
         y = y.contiguous()
-    block, warps = _launch_shape(d)
+    block, warps = launch_shape(d)
     table = gate.float() if gate is not None else x
     rows_per_group = length // gate.shape[1] if gate is not None else length
     _kernels().add_gated_kernel[(b * length,)](
@@ -285,7 +286,7 @@ def _rms_norm_rope(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor | No
     head_dim / 2] from token `start` on, or not rotated (cos None)."""
     b, length, width = t.shape
     out = torch.empty_like(t)
-    block, warps = _launch_shape(width // 2)
+    block, warps = launch_shape(width // 2)
     rotate = cos is not None
     _kernels().rms_norm_rope_kernel[(b * length,)](
         t, weight, cos if rotate else t, sin if rotate else t, out, width,

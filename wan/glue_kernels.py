@@ -124,16 +124,10 @@ def add_gated_kernel(x_ptr, y_ptr, gate_ptr, L, D, stride_xb, stride_xl, rows_pe
 
 
 @triton.jit
-def rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, W, HALF_HEAD, eps,
-                         rows_per_sample, rope_start,
-                         ROTATE: tl.constexpr, BLOCK_P: tl.constexpr):
-    """RMS norm over a row's whole width W (all heads), times the gain, then (ROTATE) each
-    channel pair (2i, 2i+1) rotated by the token's angle for pair i mod HALF_HEAD. float32
-    arithmetic, rounded once to out's dtype. Rows of x [B*L, W] contiguous.
-
-    The row is loaded and stored whole (contiguous, so in 16-byte vectors) and split into its
-    even and odd channels in registers: loads of every second channel were not vectorized."""
-    row = tl.program_id(0)
+def rms_norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, row, W, HALF_HEAD, eps, rows_per_sample,
+                      rope_start, ROTATE: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Row `row` of x [B*L, W] normed, times the gain and (ROTATE) rotated, in float32 over
+    2 * BLOCK_P lanes (zeros past W), and the row's first element's offset."""
     cols = tl.arange(0, 2 * BLOCK_P)
     inside = cols < W
     base = row.to(tl.int64) * W
@@ -148,4 +142,21 @@ def rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, W, HALF_HEAD, 
         c = tl.load(cos_ptr + angle, mask=pairs < W // 2, other=1.0)
         s = tl.load(sin_ptr + angle, mask=pairs < W // 2, other=0.0)
         y = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), [2 * BLOCK_P])
-    tl.store(out_ptr + base + cols, y.to(out_ptr.dtype.element_ty), mask=inside)
+    return y, base
+
+
+@triton.jit
+def rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, W, HALF_HEAD, eps,
+                         rows_per_sample, rope_start,
+                         ROTATE: tl.constexpr, BLOCK_P: tl.constexpr):
+    """RMS norm over a row's whole width W (all heads), times the gain, then (ROTATE) each
+    channel pair (2i, 2i+1) rotated by the token's angle for pair i mod HALF_HEAD. float32
+    arithmetic, rounded once to out's dtype. Rows of x [B*L, W] contiguous.
+
+    The row is loaded and stored whole (contiguous, so in 16-byte vectors) and split into its
+    even and odd channels in registers: loads of every second channel were not vectorized."""
+    row = tl.program_id(0)
+    y, base = rms_norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, row, W, HALF_HEAD, eps,
+                                rows_per_sample, rope_start, ROTATE, BLOCK_P)
+    cols = tl.arange(0, 2 * BLOCK_P)
+    tl.store(out_ptr + base + cols, y.to(out_ptr.dtype.element_ty), mask=cols < W)

@@ -53,7 +53,7 @@ INT8 = RowFormat(torch.int8, 127.0, rounds=True)
 
 class RowCodes(NamedTuple):
     """An activation [..., K] handed to fp8 matmuls as their input: fp8 e4m3fn codes [M, K] and
-    float32 scales [M, 1], one per token (quantize_rows with FP8, to the bit); `shape` and
+    float32 scales [M, 1], one per token (quantize_rows with FP8); `shape` and
     `dtype` are the activation's, which is never stored. Made by a norm that does its own
     quantization (wan/glue.py norm_codes); taken by layers with `takes_row_codes`
     (quant/linear.py Fp8Linear). A named tuple: torch.compile traces it without a graph break."""

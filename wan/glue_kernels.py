@@ -81,7 +81,8 @@ def norm_codes_kernel(x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr
     with UPDATE, x += y * gate (GATED) or x += y first, in place (add_gated_kernel's arithmetic);
     then the row of layer_norm_modulate_kernel, rounded to the activation's dtype (ROUNDING), as
     codes = h / scale with scale = max |h| / 448 (quant/rowwise.py's per-token fp8 quantization,
-    to the bit): codes [B*L, D], scales [B*L]. The normed activation is never stored."""
+    its division and rounding): codes [B*L, D], scales [B*L]. The normed activation is never
+    stored."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     inside = cols < D

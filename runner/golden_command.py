@@ -49,19 +49,18 @@ def run(args) -> int:
         print("ERROR --fsdp shards the blocks over the processes of --sequence-parallel N: "
               "expected N >= 2")
         return 2
-    group = [None]  # the worker group, once a DiT file runs split
+    workers = _Workers(args.sequence_parallel)
     failed = checked = 0
     interrupted = False
     with FirstStopRaises():  # the first stop signal raises KeyboardInterrupt; later ones wait
         try:
             for path in args.files:
-                failed += _check(path, args, group)
+                failed += _check(path, args, workers)
                 checked += 1
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            if group[0] is not None:
-                group[0].shutdown()
+            workers.shutdown()
     if interrupted:
         print(f"interrupted: {checked} of {len(args.files)} files checked, "
               f"{checked - failed} passed")
@@ -71,15 +70,32 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
-def _check(path: str, args, group: list) -> int:
-    """Check one file and print its scores: 1 where it failed (or could not be read), else 0.
-    group[0] is the worker group, started here on the first DiT file that runs split."""
+class _Workers:
+    """The worker group of the split checks: started by the first DiT file that runs split,
+    shut down once all files are checked."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.group = None
+
+    def get(self):
+        if self.group is None:
+            self.group = _start_group(self.world)
+        return self.group
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+            self.group = None
+
+
+def _check(path: str, args, workers: _Workers) -> int:
+    """Check one file and print its scores: 1 where it failed (or could not be read), else 0."""
     start = time.perf_counter()
     note = ""
     try:
         if args.sequence_parallel > 1 and _is_dit(path):
-            group[0] = group[0] or _start_group(args.sequence_parallel)
-            report, used = _split(path, group[0], args.fsdp)
+            report, used = _split(path, workers.get(), args.fsdp)
             note = (f", split over {args.sequence_parallel} processes, {used} attention"
                     f"{', blocks sharded' if args.fsdp else ''}")
         else:

@@ -115,6 +115,25 @@ def test_an_fp8_layer_multiplies_row_codes_as_its_own(monkeypatch):
         layer(narrow)
 
 
+@needs_scaled_mm
+def test_a_lora_fp8_layer_multiplies_row_codes_with_its_terms(monkeypatch):
+    """A LoRA'd fp8 layer (its terms read the input's codes too) gives for a norm's codes what
+    it gives for the activation itself, to the bit, with and without the bias."""
+    from wan_enhanced.lora.layers import LoraFp8Linear
+
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    torch.manual_seed(0)
+    layer = LoraFp8Linear(SCHEMES["fp8_e4m3fn_fast"].quantize(torch.nn.Linear(96, 80)))
+    layer.add("low_rank", (torch.randn(4, 96) * 0.1, torch.randn(80, 4) * 0.1), 0.7)
+    layer.add("bias_diff", (torch.randn(80) * 0.1,), 1.0)
+    h = torch.randn(2, 5, 96).bfloat16()
+    rows = RowCodes(*quantize_rows(h.reshape(-1, 96), FP8), h.shape, h.dtype)
+    assert torch.equal(layer(rows), layer(h))
+    assert torch.equal(layer.scaled_forward_without_bias(rows),
+                       layer.scaled_forward_without_bias(h))
+    assert not torch.equal(layer(rows), layer.base(h))  # the terms are in it
+
+
 def test_only_fp8_layers_that_run_their_matmul_take_codes(monkeypatch):
     from wan_enhanced.lora.layers import LoraFp8Linear, LoraLinear
 

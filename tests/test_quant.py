@@ -780,3 +780,20 @@ def test_gpu_benchmark_torchao_rows_follow_ours_on_the_cpu(tmp_path):
     assert theirs["weight_bytes"] < rows["bf16"]["weight_bytes"]
     assert abs(theirs["weight_bytes"] - ours["weight_bytes"]) < 0.02 * ours["weight_bytes"]
     assert "| torchao_int8_dynamic | eager |" in (tmp_path / "quant_gpu.md").read_text()
+
+
+@pytest.mark.parametrize("fmt", [FP8, INT8], ids=["fp8", "int8"])
+def test_eager_rows_quantize_a_few_rows_at_a_time_with_the_same_bits(monkeypatch, fmt):
+    """quantize_rows over many rows (an FFN's hidden activation) takes them a block at a time
+    in eager runs, so its float32 temporaries stay small; each row is quantized on its own, so
+    the codes and scales are those of all rows at once, for any leading shape."""
+    from wan_enhanced.quant import rowwise
+    x = activations(3, 37, 16) * torch.linspace(0.01, 40, 16).bfloat16()
+    x[1, 5] = 0  # a zero row keeps the smallest scale
+    whole_codes, whole_scales = quantize_rows(x, fmt)
+    monkeypatch.setattr(rowwise, "_ROWS_CHUNK_ELEMENTS", 5 * 16 + 3)  # blocks of 5 rows
+    codes, scales = quantize_rows(x, fmt)
+    assert codes.shape == x.shape and scales.shape == (3, 37, 1)
+    assert torch.equal(scales, whole_scales)
+    assert torch.equal(codes.view(torch.uint8), whole_codes.view(torch.uint8))
+    assert float(scales[1, 5]) == torch.finfo(torch.float32).tiny

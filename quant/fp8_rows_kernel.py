@@ -17,6 +17,19 @@ NEG_2_LOG2E_SQRT_2_OVER_PI_CUBIC = tl.constexpr(-0.1029432395800235)
 
 
 @triton.jit
+def row_scale(amax):
+    """A row's scale from its largest magnitude: amax / 448 rounded as PyTorch rounds it (see
+    INV_FP8_MAX), never below float32's smallest normal number."""
+    return tl.maximum(amax * INV_FP8_MAX, SMALLEST_SCALE)
+
+
+@triton.jit
+def fp8_codes(y, scale):
+    """y / scale as the IEEE quotient, clamped to +-448, in fp8: PyTorch's codes to the bit."""
+    return tl.clamp(tl.math.div_rn(y, scale), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
+
+
+@triton.jit
 def _gelu(x):
     """tanh-GELU as x * sigmoid(2u) = x / (1 + 2^(-2u log2 e)), u = sqrt(2/pi) (x + 0.044715 x^3):
     one exp2 and one reciprocal on the special function unit (the tanh form with an IEEE
@@ -51,8 +64,8 @@ def _store(y, scale, inverse, codes_ptr, cols, inside, GELU: tl.constexpr):
         # y times the row's 1 / scale, the fp8 conversion saturating at +-448: the codes of the
         # IEEE quotient but where it lies within a float32 ulp of an fp8 rounding edge
         codes = (y * inverse).to(tl.float8e4nv)
-    else:  # the IEEE quotient and PyTorch's clamp: PyTorch's codes to the bit
-        codes = tl.clamp(tl.math.div_rn(y, scale), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
+    else:
+        codes = fp8_codes(y, scale)
     tl.store(codes_ptr + cols, codes, mask=inside)
 
 
@@ -63,8 +76,8 @@ def fp8_rows_kernel(x_ptr, bias_ptr, codes_ptr, scales_ptr, K, HAS_BIAS: tl.cons
     """One program per row: the row (plus the bias) is read once, kept in registers for its
     maximum and its codes (codes = y / scale, scale = max |y| / 448, y = gelu(x) or x). Without
     the GELU the division is rounded as IEEE's, so the codes are PyTorch's to the bit; with it,
-    y times 1 / scale (see _store). The row is held as up to four parts of power-of-two widths (fp8_rows.row_parts), so a
-    width such as 8960 takes 8192 + 512 + 256 lanes, not 16384."""
+    y times 1 / scale (see _store). The row is held as up to four parts of power-of-two widths
+    (fp8_rows.row_parts), so a width such as 8960 takes 8192 + 512 + 256 lanes, not 16384."""
     row = tl.program_id(0).to(tl.int64)
     y0, cols0, inside0 = _part(x_ptr, bias_ptr, row, K, 0, PART0, HAS_BIAS, GELU)
     amax = tl.max(tl.abs(y0), axis=0)
@@ -79,7 +92,7 @@ def fp8_rows_kernel(x_ptr, bias_ptr, codes_ptr, scales_ptr, K, HAS_BIAS: tl.cons
         y3, cols3, inside3 = _part(x_ptr, bias_ptr, row, K, PART0 + PART1 + PART2, PART3,
                                    HAS_BIAS, GELU)
         amax = tl.maximum(amax, tl.max(tl.abs(y3), axis=0))
-    scale = tl.maximum(amax * INV_FP8_MAX, SMALLEST_SCALE)
+    scale = row_scale(amax)
     inverse = tl.math.div_rn(1.0, scale)
     codes_ptr += row * K
     _store(y0, scale, inverse, codes_ptr, cols0, inside0, GELU)

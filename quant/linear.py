@@ -132,7 +132,7 @@ class Fp8Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
         if isinstance(x, RowCodes):
-            return self._row_codes_product(x, self.bias)
+            return self._codes_product(*self._row_codes(x), x, self.bias)
         return self.scaled_forward(x) if self._multiplies_codes(x) else self.dequantized_forward(x)
 
     def dense_weight(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -165,17 +165,17 @@ class Fp8Linear(QuantizedLinear):
     def scaled_forward_without_bias(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
         """The fp8 matmul without the bias (which the next step adds: gelu_forward)."""
         if isinstance(x, RowCodes):
-            return self._row_codes_product(x, None)
+            return self._codes_product(*self._row_codes(x), x, None)
         out = fp8_scaled_matmul(x.reshape(-1, self.in_features), self.weight,
                                 self.weight_scale, self.fast_accum)
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return self._finish(out, x.dtype, x.shape[:-1])
 
     def gelu_forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """self(gelu_tanh(x + bias)). Where the fp8 matmul runs, the bias, the GELU and the
         activations' fp8 quantization are one pass over x (quant/gelu_fp8.py) instead of
         four."""
         if self.runs_fp8_matmul(x.device):
-            return self._codes_product(*self.gelu_codes(x, bias), x)
+            return self._codes_product(*self.gelu_codes(x, bias), x, self.bias)
         if bias is not None:
             x = x + bias.to(x.dtype)
         return self(F.gelu(x, approximate="tanh"))
@@ -186,7 +186,8 @@ class Fp8Linear(QuantizedLinear):
         (fp8_rows.quantize_opaque_output)."""
         if not self._multiplies_codes(x):
             return self.dequantized_forward(x)
-        return self._codes_product(*quantize_opaque_output(x.reshape(-1, self.in_features)), x)
+        return self._codes_product(*quantize_opaque_output(x.reshape(-1, self.in_features)), x,
+                                   self.bias)
 
     def input_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., K] as the fp8 matmul's input: codes [M, K] and float32 scales [M, 1]."""
@@ -198,22 +199,20 @@ class Fp8Linear(QuantizedLinear):
         return gelu_quantize(x.reshape(-1, self.in_features), bias)
 
     def _codes_product(self, codes: torch.Tensor, scales: torch.Tensor,
-                       x: torch.Tensor) -> torch.Tensor:
-        """The fp8 matmul of x's activation codes [M, K] (scales [M, 1]) with the bias in its
+                       x: torch.Tensor | RowCodes, bias: torch.Tensor | None) -> torch.Tensor:
+        """The fp8 matmul of x's activation codes [M, K] (scales [M, 1]) with `bias` in its
         epilogue, in x's dtype and leading shape."""
         out = fp8_codes_matmul(codes, scales, self.weight, self.weight_scale, self.fast_accum,
-                               self.bias)
+                               bias)
         return self._finish(out, x.dtype, x.shape[:-1])
 
-    def _row_codes_product(self, rows: RowCodes, bias: torch.Tensor | None) -> torch.Tensor:
-        """The fp8 matmul of a norm's codes (callers checked runs_fp8_matmul), with `bias` in
-        its epilogue, in the activation's dtype and leading shape."""
+    def _row_codes(self, rows: RowCodes) -> tuple[torch.Tensor, torch.Tensor]:
+        """A norm's codes and scales (callers checked runs_fp8_matmul), refused by name where
+        their width is not this layer's."""
         if rows.shape[-1] != self.in_features:
             raise ValueError(f"Fp8Linear: input codes of width {rows.shape[-1]} for a layer of "
                              f"{self.in_features} input features")
-        out = fp8_codes_matmul(rows.codes, rows.scales, self.weight, self.weight_scale,
-                               self.fast_accum, bias)
-        return self._finish(out, rows.dtype, rows.shape[:-1])
+        return rows.codes, rows.scales
 
     def _finish(self, out: torch.Tensor, dtype: torch.dtype, lead) -> torch.Tensor:
         """The matmul's bf16 output (its bias added in the kernel) in x's dtype and shape."""

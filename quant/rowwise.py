@@ -63,9 +63,9 @@ class RowCodes(NamedTuple):
     dtype: torch.dtype
 
 
-# Eager runs quantize this many elements at a time: the steps' temporaries (the magnitudes, the
-# float32 quotients and their rounding, about 10 bytes an element) stay small next to the rows
-# (int8 W8A8's second FFN layer at 5B 720p, a third of the hidden activation a call: 1.3 GB).
+# Eager runs quantize this many elements at a time, through one float32 working copy: the
+# statement's temporaries (the magnitudes, the float32 quotients and their rounding, about 10
+# bytes an element) had been 1.3 GB a call at int8 W8A8's second FFN layer at 5B 720p.
 _ROWS_CHUNK_ELEMENTS = 1 << 24
 
 
@@ -77,14 +77,8 @@ def quantize_rows(rows: torch.Tensor, fmt: RowFormat) -> tuple[torch.Tensor, tor
             or width > _ROWS_CHUNK_ELEMENTS):
         scales = fmt.scales(rows)
         return fmt.encode(rows, scales), scales
-    flat = rows.reshape(-1, width)
-    codes = torch.empty(flat.shape, dtype=fmt.dtype, device=rows.device)
-    scales = torch.empty(flat.shape[0], 1, dtype=torch.float32, device=rows.device)
-    step = _ROWS_CHUNK_ELEMENTS // width
-    for start in range(0, flat.shape[0], step):
-        part = flat[start:start + step]
-        scales[start:start + step] = fmt.scales(part)
-        codes[start:start + step] = fmt.encode(part, scales[start:start + step])
+    codes, scales = _quantize_in_chunks(rows.reshape(-1, width), fmt,
+                                        _ROWS_CHUNK_ELEMENTS // width)
     return codes.view(rows.shape), scales.view(*rows.shape[:-1], 1)
 
 
@@ -95,29 +89,37 @@ def quantize_weight(weight: torch.Tensor, fmt: RowFormat,
     (on the device the weight is on), with the same bits as the whole matrix at once.
     stored_scales: float32 [out] that the stored values are multiplied by first (a file's
     quantized weights in another format)."""
-    out_features = weight.shape[0]
-    codes = torch.empty(weight.shape, dtype=fmt.dtype, device=weight.device)
-    scales = torch.empty(out_features, dtype=torch.float32, device=weight.device)
     step = max(1, _LOAD_CHUNK_ELEMENTS // max(1, weight[0].numel()))
-    scratch = _scratch(weight, min(step, out_features))
-    for start in range(0, out_features, step):
-        stop = min(start + step, out_features)
-        rows = scratch[:stop - start]
-        rows.copy_(weight[start:stop])
+    return _quantize_in_chunks(weight, fmt, step, stored_scales)
+
+
+def _quantize_in_chunks(rows: torch.Tensor, fmt: RowFormat, step: int,
+                        stored_scales: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes shaped like `rows` and float32 scales [rows], `step` rows at a time through one
+    float32 working copy (_quantize_chunk: the same bits as all rows at once)."""
+    count = rows.shape[0]
+    codes = torch.empty(rows.shape, dtype=fmt.dtype, device=rows.device)
+    scales = torch.empty(count, dtype=torch.float32, device=rows.device)
+    scratch = _scratch(rows, min(step, count))
+    for start in range(0, count, step):
+        stop = min(start + step, count)
+        chunk = scratch[:stop - start]
+        chunk.copy_(rows[start:stop])
         if stored_scales is not None:
-            rows.mul_(stored_scales[start:stop, None])
-        _quantize_chunk(rows, fmt, codes[start:stop], scales[start:stop])
+            chunk.mul_(stored_scales[start:stop, None])
+        _quantize_chunk(chunk, fmt, codes[start:stop], scales[start:stop])
     return codes, scales
 
 
-def _scratch(weight: torch.Tensor, rows: int) -> torch.Tensor:
-    """The float32 working copy of `rows` rows of `weight`, reused for every chunk: one
-    allocation per matrix instead of several per chunk. On the CPU it is an anonymous memory
-    mapping of its own, unmapped when the tensor is freed."""
-    shape = (rows, *weight.shape[1:])
+def _scratch(source: torch.Tensor, rows: int) -> torch.Tensor:
+    """The float32 working copy of `rows` rows of `source` (a matrix, an activation), reused
+    for every chunk: one allocation per call instead of several per chunk. On the CPU it is an
+    anonymous memory mapping of its own, unmapped when the tensor is freed."""
+    shape = (rows, *source.shape[1:])
     count = math.prod(shape)
-    if weight.device.type != "cpu" or count == 0:
-        return torch.empty(shape, dtype=torch.float32, device=weight.device)
+    if source.device.type != "cpu" or count == 0:
+        return torch.empty(shape, dtype=torch.float32, device=source.device)
     # From the C heap, the freed 9-16 MiB copy of each matrix leaves a hole between the codes
     # allocated around it, which later allocations fill only in part: glibc kept 0.4-0.7x the
     # model as free heap after a load. A mapping goes back to the kernel as soon as it is freed.

@@ -237,7 +237,7 @@ class WanBlock(nn.Module):
         length = x.shape[1]
         rows = x if (start, end) == (0, length) else x[:, start:end]
         shift, scale = group_rows(shift, start, end, length), group_rows(scale, start, end, length)
-        if layers and takes_row_codes(layers, x):
+        if takes_row_codes(layers, x):
             return norm_codes(rows, self.eps, compute_dtype, shift=shift, scale=scale,
                               pending=pending)
         if pending is not None:

@@ -127,31 +127,43 @@ class Fp8Operands:
     pv_fp8: bool
 
 
-def quantize_only(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
-                  pv_fp8: bool = True, queries: tuple[torch.Tensor, torch.Tensor] | None = None
-                  ) -> Fp8Operands:
+def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  pv_fp8: bool = True) -> Fp8Operands:
     """The kernel's operands of q [B, Lq, heads, head_dim] and k, v [B, L, heads, head_dim]
     (the first of its two steps). pv_fp8=False keeps V in bf16 for a bf16 P V product (more
-    exact, slower). `queries`: q's codes and scales already made (normed_query_codes), q None."""
-    from . import fp8_attention_kernels as kernels
-
-    if queries is None and (k.shape != v.shape or q.shape[0] != k.shape[0]
-                            or q.shape[2:] != k.shape[2:]):
+    exact, slower)."""
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
         raise ValueError(f"fp8 attention takes q [B, Lq, H, D] and k, v [B, L, H, D]; got "
                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    return keys_values_operands(query_codes(q), k, v, pv_fp8)
+
+
+def query_codes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, Lq, heads, head_dim] as the kernel's query operand: int8 codes [B * heads, Lq
+    padded, D] and scales [B * heads, Lq padded] (quantize_q_kernel)."""
+    from . import fp8_attention_kernels as kernels
+
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    b, lq, heads, dim = q.shape
+    lqp, bh = padded_length(lq), b * heads
+    codes = q.new_empty(bh, lqp, dim, dtype=torch.int8)
+    scales = q.new_empty(bh, lqp, dtype=torch.float32)
+    kernels.quantize_q_kernel[(lqp // K_BLOCK, bh)](
+        q, codes, scales, lq, lqp, heads, *q.stride()[:3], LOG2E / math.sqrt(dim),
+        BLOCK=K_BLOCK, D=dim)
+    return codes, scales
+
+
+def keys_values_operands(queries: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor,
+                         v: torch.Tensor, pv_fp8: bool = True) -> Fp8Operands:
+    """The kernel's operands: the queries' codes and scales already made (query_codes or
+    normed_query_codes), k and v [B, L, heads, head_dim] quantized here."""
+    from . import fp8_attention_kernels as kernels
+
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     b, length, heads, dim = k.shape
     lp, bh = padded_length(length), b * heads
     fp8 = torch.float8_e4m3fn
-    if queries is None:
-        q = q if q.stride(-1) == 1 else q.contiguous()
-        lq = q.shape[1]
-        lqp = padded_length(lq)
-        queries = (k.new_empty(bh, lqp, dim, dtype=torch.int8),
-                   k.new_empty(bh, lqp, dtype=torch.float32))
-        kernels.quantize_q_kernel[(lqp // K_BLOCK, bh)](
-            q, *queries, lq, lqp, heads, *q.stride()[:3], LOG2E / math.sqrt(dim),
-            BLOCK=K_BLOCK, D=dim)
     ops = Fp8Operands(
         q8=queries[0],
         k8=k.new_empty(bh, lp, dim, dtype=torch.int8),
@@ -295,8 +307,7 @@ def _normed_query_attention(q: torch.Tensor, weight: torch.Tensor, cos: torch.Te
                             v: torch.Tensor) -> torch.Tensor:
     b, lq, width = q.shape
     heads, dim = k.shape[2], k.shape[3]
-    ops = quantize_only(None, k, v, queries=normed_query_codes(q, weight, cos, sin, start, eps,
-                                                               heads))
+    ops = keys_values_operands(normed_query_codes(q, weight, cos, sin, start, eps, heads), k, v)
     out = q.new_empty(b, lq, heads, dim)
     attend_quantized(ops, out)
     return out

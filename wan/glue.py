@@ -96,9 +96,7 @@ def _norm(x, eps, dtype, shift=None, scale=None, weight=None, bias=None) -> torc
     block, warps = launch_shape(d)
     rows_per_group = length
     if shift is not None:
-        shift, scale = shift.float(), scale.float()
-        if shift.stride() != scale.stride():  # the kernel indexes both with one stride
-            shift, scale = shift.contiguous(), scale.contiguous()
+        shift, scale = _modulation_tables(shift, scale)
         rows_per_group = length // shift.shape[1]
     table = x if shift is None else shift
     _kernels().layer_norm_modulate_kernel[(b * length,)](
@@ -112,10 +110,10 @@ def _norm(x, eps, dtype, shift=None, scale=None, weight=None, bias=None) -> torc
 # -- a norm read only by fp8 matmuls, handed to them as their input codes ------------------------
 
 def takes_row_codes(layers, x: torch.Tensor) -> bool:
-    """Whether every layer of `layers` takes norm_codes' codes of the float32 stream x (quant/
-    linear.py Fp8Linear, where its fp8 matmul runs). A loop, not a generator, which
+    """Whether `layers` (one or more) all take norm_codes' codes of the float32 stream x
+    (quant/linear.py Fp8Linear, where its fp8 matmul runs). A loop, not a generator, which
     torch.compile (2.11) would break its graph at."""
-    if x.dtype != torch.float32 or x.stride(-1) != 1:
+    if not layers or x.dtype != torch.float32 or x.stride(-1) != 1:
         return False
     for layer in layers:
         if not (getattr(layer, "takes_row_codes", False) and layer.runs_fp8_matmul(x.device)):
@@ -142,10 +140,7 @@ def norm_codes(x: torch.Tensor, eps: float, dtype: torch.dtype, *,
     if norm is not None:
         weight, bias = norm.weight.float(), norm.bias.float()
     else:
-        shift, scale = shift.float(), scale.float()
-        # the kernel indexes both with one stride, channels one apart
-        if shift.stride() != scale.stride() or shift.stride(-1) != 1:
-            shift, scale = shift.contiguous(), scale.contiguous()
+        shift, scale = _modulation_tables(shift, scale)
     rounding = ROUNDINGS[dtype]
     if pending is None:
         codes, scales = NORM_CODES(x, shift, scale, weight, bias, eps, rounding)
@@ -240,6 +235,16 @@ def _codes_shape(x, *args):
 NORM_CODES = kernel_operator("wan_enhanced_glue::norm_codes", _norm_codes, _codes_shape)
 ADD_NORM_CODES = kernel_operator("wan_enhanced_glue::add_norm_codes", _add_norm_codes,
                                  _codes_shape, mutates=("x",))
+
+
+def _modulation_tables(shift: torch.Tensor, scale: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """shift and scale [B, G, D] in float32 as the norm kernels index them: both with one
+    stride, channels one apart."""
+    shift, scale = shift.float(), scale.float()
+    if shift.stride() != scale.stride() or shift.stride(-1) != 1:
+        shift, scale = shift.contiguous(), scale.contiguous()
+    return shift, scale
 
 
 def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:

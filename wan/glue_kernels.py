@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..quant.fp8_rows_kernel import fp8_codes, row_scale
+
 
 @triton.jit
 def _group_offset(row, L, rows_per_group, stride_mb, stride_mg):
@@ -64,11 +66,6 @@ def layer_norm_modulate_kernel(x_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, out_pt
 ROUND_NONE = tl.constexpr(0)
 ROUND_BF16 = tl.constexpr(1)
 ROUND_FP16 = tl.constexpr(2)
-FP8_MAX = tl.constexpr(448.0)  # the largest float8_e4m3fn
-# PyTorch divides a tensor by a number as a product with its float32 reciprocal (quant/rowwise's
-# scale = amax / 448): amax times the rounding of 1 / 448 to float32 gives its bits
-INV_FP8_MAX = tl.constexpr(0.002232142857142857)
-SMALLEST_SCALE = tl.constexpr(1.1754943508222875e-38)  # float32's smallest normal number
 
 
 @triton.jit
@@ -101,9 +98,8 @@ def norm_codes_kernel(x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr
         h = h.to(tl.bfloat16).to(tl.float32)
     elif ROUNDING == ROUND_FP16:
         h = h.to(tl.float16).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(h), axis=0) * INV_FP8_MAX, SMALLEST_SCALE)
-    codes = tl.clamp(tl.math.div_rn(h, scale), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
-    tl.store(codes_ptr + row.to(tl.int64) * D + cols, codes, mask=inside)
+    scale = row_scale(tl.max(tl.abs(h), axis=0))
+    tl.store(codes_ptr + row.to(tl.int64) * D + cols, fp8_codes(h, scale), mask=inside)
     tl.store(scales_ptr + row, scale)
 
 

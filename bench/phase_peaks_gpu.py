@@ -22,7 +22,9 @@ from wan_enhanced.quant import quantize_block_linears
 from wan_enhanced.wan import compiled_blocks
 
 GIB = 1 << 30
-PHASES = ("self-attention", "cross-attention", "feed-forward")
+# the compiled phase graphs (compiled_blocks._PhaseGraphs: the cross-attention's graph that adds
+# its update, or the one that hands it to the FFN's)
+PHASES = compiled_blocks._PhaseGraphs._fields
 
 
 def measured_graphs(block_class: type, peaks: dict[str, int], base: list[int]):
@@ -39,7 +41,8 @@ def measured_graphs(block_class: type, peaks: dict[str, int], base: list[int]):
             peaks[name] = max(peaks.get(name, 0), peak)
             return out
         return call
-    compiled_blocks._GRAPHS[block_class] = tuple(wrap(n, g) for n, g in zip(PHASES, graphs))
+    compiled_blocks._GRAPHS[block_class] = compiled_blocks._PhaseGraphs(
+        *(wrap(n, g) for n, g in zip(PHASES, graphs)))
 
 
 def main(argv=None) -> int:
@@ -71,7 +74,7 @@ def main(argv=None) -> int:
         forward()
         torch.cuda.synchronize()
         whole = torch.cuda.max_memory_allocated() - base[0]
-    rows = {name: peaks.get(name, 0) / GIB for name in PHASES} | {"forward": whole / GIB}
+    rows = {name: peaks[name] / GIB for name in PHASES if name in peaks} | {"forward": whole / GIB}
     for name, gib in rows.items():
         print(f"{args.case} {args.weights} {args.attention}: {name} peak {gib:.3f} GiB")
     if args.out:

@@ -41,16 +41,21 @@ def rows_kernel_usable(x: torch.Tensor) -> bool:
     return triton_kernels_usable(x) and x.shape[-1] <= MAX_WIDTH
 
 
-def launch_rows(x: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False
+def launch_rows(x: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False,
+                out: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 codes [M, K] and float32 scales [M, 1] of x [M, K] (+ bias, then tanh-GELU if
-    `gelu`), by the Triton kernel (callers check rows_kernel_usable)."""
+    `gelu`), by the Triton kernel (callers check rows_kernel_usable); written into `out`
+    (contiguous codes and scales of those shapes, e.g. rows of larger ones) where given."""
     from .fp8_rows_kernel import fp8_rows_kernel
 
     rows, width = x.shape
     x = x.contiguous()
-    codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    if out is None:
+        codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=x.device)
+        scales = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    else:
+        codes, scales = out
     parts = row_parts(width)
     fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales, width,
                              HAS_BIAS=bias is not None, GELU=gelu, PART0=parts[0],

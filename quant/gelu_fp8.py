@@ -12,6 +12,8 @@ first: a difference of bf16 rounding).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -44,3 +46,37 @@ def gelu_quantize(x: torch.Tensor, bias: torch.Tensor | None = None
     if rows_kernel_usable(x):
         return GELU_FP8_ROWS(x, bias)
     return gelu_quantize_reference(x, bias)
+
+
+def _gelu_fp8_rows_into(x: torch.Tensor, bias: torch.Tensor | None, codes: torch.Tensor,
+                        scales: torch.Tensor, start: int) -> None:
+    rows = slice(start, start + x.shape[0])
+    if rows_kernel_usable(x):
+        launch_rows(x, bias, gelu=True, out=(codes[rows], scales[rows]))
+    else:
+        piece_codes, piece_scales = gelu_quantize_reference(x, bias)
+        codes[rows], scales[rows] = piece_codes, piece_scales
+
+
+def _nothing(*args) -> None:
+    return None
+
+
+# writes rows start.. of codes and scales: inside a compiled graph into the graph's own buffers
+GELU_FP8_ROWS_INTO = kernel_operator("wan_enhanced_quant::gelu_fp8_rows_into",
+                                     _gelu_fp8_rows_into, _nothing, mutates=("codes", "scales"))
+
+
+def gelu_quantize_in_pieces(product: Callable[[int, int], torch.Tensor], rows: int, width: int,
+                            bias: torch.Tensor | None, pieces: list[tuple[int, int]],
+                            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """gelu_quantize of an activation [rows, width] that is never whole: product(start, end)
+    makes rows start..end of it (a matrix product), piece by piece (`pieces`: row ranges
+    covering 0..rows), and each piece's codes and scales go into rows of one codes and one
+    scales tensor. Each row on its own: the codes of the whole activation, to the bit, while
+    only one piece of it exists at a time."""
+    codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=device)
+    scales = torch.empty(rows, 1, dtype=torch.float32, device=device)
+    for start, end in pieces:
+        GELU_FP8_ROWS_INTO(product(start, end), bias, codes, scales, start)
+    return codes, scales

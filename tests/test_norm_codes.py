@@ -99,6 +99,143 @@ def test_a_pending_update_is_added_in_the_norms_pass(monkeypatch):
     assert len(calls) == 4
 
 
+def _block_inputs(model, device="cpu"):
+    tokens, grid = model.patchify(torch.randn(1, 16, 2, 4, 6, device=device))
+    _, e0 = model.embed_time(torch.tensor([300.0], device=device), 1, grid)
+    rope = RotaryTable(grid, model.config.rope_pairs, device=device)
+    text = model.embed_text(torch.randn(1, 5, 4096, device=device)).bfloat16()
+    return tokens, e0, rope, text
+
+
+@needs_scaled_mm
+def test_the_cross_attentions_update_is_added_in_the_ffns_norm_pass(monkeypatch):
+    """cross_attention_update hands its update to feed_forward_update (where both FFN layers
+    take fp8 codes), which adds it in the pass of its norm's codes and makes its hidden codes in
+    two row pieces: x and the FFN's update are, to the bit, those of the cross-attention added
+    in its own phase and the FFN made whole."""
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    model = _fp8_model()
+    block = model.blocks[0]
+    tokens, e0, rope, text = _block_inputs(model)
+    sdpa, bf16 = get_backend("sdpa"), torch.bfloat16
+    owed = dit.ResidualUpdate(torch.randn(tokens.shape, dtype=bf16),
+                              torch.randn(1, 1, tokens.shape[-1]))
+    pieces = []
+    real_hidden = dit.hidden_codes
+
+    def counted(first, h, count):
+        pieces.append(count)
+        return real_hidden(first, h, count)
+    monkeypatch.setattr(dit, "hidden_codes", counted)
+    calls = _codes_counted(monkeypatch)
+    with torch.no_grad():
+        assert block.feed_forward_takes_update(tokens, e0, bf16)
+        handed = tokens.clone()
+        crossed = block.cross_attention_update(handed, text, None, sdpa, bf16, pending=owed)
+        assert crossed.gate is None
+        ffn = block.feed_forward_update(handed, e0, bf16, pending=crossed)
+        assert pieces == [dit.HIDDEN_PIECES_WITH_UPDATE] and len(calls) == 2
+
+        added = block.cross_attention_phase(tokens.clone(), text, None, sdpa, bf16,
+                                            pending=owed)
+        whole = block.feed_forward_update(added, e0, bf16)
+    assert len(pieces) == 1 and len(calls) == 4
+    assert torch.equal(handed, added)
+    assert torch.equal(ffn.y, whole.y) and ffn.y.abs().max() > 0
+    # the cross-attention's update was owed: without it, x differs
+    glue.add_gated_(tokens, *owed)
+    assert (tokens - handed).abs().max() > 0.1 * crossed.y.abs().max().float()
+
+
+@needs_scaled_mm
+def test_compiled_fp8_blocks_hand_the_cross_attentions_update_to_the_ffn(monkeypatch):
+    """Through the compiled phase graphs an fp8 block's cross-attention hands its update to the
+    FFN's graph (three graphs: self-attention, the cross-attention's update, the FFN taking
+    it), and the block's output is, to the bit, that of the graphs where the cross-attention
+    adds its own update; both are the eager block's up to the compiled steps' rounding."""
+    from torch._dynamo.utils import counters
+
+    from wan_enhanced.wan.compiled_blocks import compiled_block_forward
+
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    model = _fp8_model()
+    block = model.blocks[0]
+    tokens, e0, rope, text = _block_inputs(model)
+    args = (e0, rope, text, None, get_backend("sdpa"), torch.bfloat16, tokens.shape[1])
+    taken = []
+    real = dit.WanBlock.feed_forward_takes_update
+
+    def recorded(self, *a):
+        taken.append(real(self, *a))
+        return taken[-1]
+    monkeypatch.setattr(dit.WanBlock, "feed_forward_takes_update", recorded)
+    with torch.no_grad():
+        expected = block(tokens.clone(), *args)
+        torch._dynamo.reset()
+        counters.clear()
+        handed = compiled_block_forward()(block, tokens.clone(), *args)
+        assert taken == [True] and counters["stats"]["unique_graphs"] == 3
+        torch._dynamo.reset()
+        monkeypatch.setattr(dit.WanBlock, "feed_forward_takes_update", lambda *a: False)
+        added = compiled_block_forward()(block, tokens.clone(), *args)
+        torch._dynamo.reset()
+    assert torch.equal(handed, added)
+    assert float((handed - expected).norm() / expected.norm()) < 0.02
+
+
+@needs_scaled_mm
+def test_only_an_ffn_of_fp8_layers_in_one_chunk_takes_the_update(monkeypatch):
+    """bf16 layers (no codes) take no update; nor does an FFN in several row chunks, which
+    refuses one by name."""
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    model = _fp8_model()
+    block = model.blocks[0]
+    tokens, e0, _, _ = _block_inputs(model)
+    bf16 = torch.bfloat16
+    assert block.feed_forward_takes_update(tokens, e0, bf16)
+    plain = dit.WanDiT(model.config, compute_dtype=bf16).blocks[0]
+    assert not plain.feed_forward_takes_update(tokens, e0, bf16)
+    monkeypatch.setattr(dit, "FFN_HIDDEN_BYTES", 64)
+    assert not block.feed_forward_takes_update(tokens, e0, bf16)
+    update = dit.ResidualUpdate(torch.zeros(tokens.shape, dtype=bf16), None)
+    with torch.no_grad(), pytest.raises(ValueError, match="one chunk"):
+        block.feed_forward_update(tokens.clone(), e0, bf16, pending=update)
+
+
+@needs_scaled_mm
+@pytest.mark.parametrize("pieces", [2, 3])
+def test_an_fp8_ffn_makes_its_hidden_codes_in_pieces_to_the_bit(monkeypatch, pieces):
+    """feed_forward with its hidden activation made a row piece at a time (the first product
+    of each piece, its GELU codes into rows of one tensor): the whole FFN's output, to the bit,
+    from a norm's codes and from a bf16 activation, also with LoRA'd layers."""
+    from wan_enhanced.lora.layers import LoraFp8Linear
+
+    def wrapped(layer, down, up):
+        lora = LoraFp8Linear(layer)
+        lora.add("low_rank", (down, up), 0.5)
+        return lora
+
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    torch.manual_seed(0)
+    fp8 = SCHEMES["fp8_e4m3fn_fast"]
+    ffn = torch.nn.Sequential(fp8.quantize(torch.nn.Linear(64, 96)),
+                              torch.nn.GELU(approximate="tanh"),
+                              fp8.quantize(torch.nn.Linear(96, 64)))
+    h = torch.randn(2, 7, 64).bfloat16()
+    rows = RowCodes(*quantize_rows(h.reshape(-1, 64), FP8), h.shape, h.dtype)
+    with torch.no_grad():
+        for _ in range(2):
+            for x in (h, rows):
+                out = dit.feed_forward(ffn, x, pieces)
+                assert out.shape == (2, 7, 64)
+                assert torch.equal(out, dit.feed_forward(ffn, x)) and out.abs().max() > 0
+            gen = torch.Generator().manual_seed(1)
+            ffn[0] = wrapped(ffn[0], torch.randn(4, 64, generator=gen) / 8,
+                             torch.randn(96, 4, generator=gen) / 8)
+            ffn[2] = wrapped(ffn[2], torch.randn(4, 96, generator=gen) / 8,
+                             torch.randn(64, 4, generator=gen) / 8)
+
+
 @needs_scaled_mm
 def test_an_fp8_layer_multiplies_row_codes_as_its_own(monkeypatch):
     monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
@@ -254,9 +391,12 @@ def test_gpu_compiled_block_phases_take_the_codes_without_a_graph_break():
     sdpa, bf16 = get_backend("sdpa", torch.device("cuda")), torch.bfloat16
     pending = dit.ResidualUpdate(torch.randn(tokens.shape, device="cuda").bfloat16(),
                                  torch.randn(1, 1, tokens.shape[-1], device="cuda"))
+    crossed = dit.ResidualUpdate(pending.y, None)
     phases = ((cls.self_attention_update, (e0, rope, sdpa, bf16, pending)),
               (cls.cross_attention_phase, (text, None, sdpa, bf16, None, pending)),
-              (cls.feed_forward_update, (e0, bf16)))
+              (cls.cross_attention_update, (text, None, sdpa, bf16, pending)),
+              (cls.feed_forward_update, (e0, bf16)),
+              (cls.feed_forward_update, (e0, bf16, crossed)))
     with torch.no_grad():
         for phase, args in phases:
             targets = []
@@ -268,6 +408,9 @@ def test_gpu_compiled_block_phases_take_the_codes_without_a_graph_break():
             torch._dynamo.reset()
             torch.compile(phase, backend=recording, fullgraph=True)(block, tokens.clone(), *args)
             assert any("norm_codes" in target for target in targets), (phase.__name__, targets)
+            # the hidden codes in pieces: written into the graph's own buffer
+            assert (any("gelu_fp8_rows_into" in target for target in targets)
+                    == (args[-1] is crossed)), (phase.__name__, targets)
             torch._dynamo.reset()
             eager_x, compiled_x = tokens.clone(), tokens.clone()
             eager = phase(block, eager_x, *args)
@@ -279,3 +422,27 @@ def test_gpu_compiled_block_phases_take_the_codes_without_a_graph_break():
             torch.testing.assert_close(compiled_x, eager_x, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(compiled.float(), eager.float(), rtol=0.02,
                                        atol=0.02 * float(eager.abs().max()))
+
+
+@pytest.mark.gpu
+def test_gpu_gelu_codes_in_pieces_are_the_whole_activations_to_the_bit():
+    """gelu_quantize_in_pieces with the row kernel writing each piece's rows into one tensor,
+    eager and compiled (the operator writing into the graph's buffer): gelu_quantize's codes and
+    scales of the whole activation, to the bit."""
+    from wan_enhanced.quant.gelu_fp8 import gelu_quantize, gelu_quantize_in_pieces
+
+    _cuda_or_skip()
+    gen = torch.Generator("cuda").manual_seed(0)
+    x = (torch.randn(1000, 1792, device="cuda", generator=gen) * 3).bfloat16()
+    bias = torch.randn(1792, device="cuda", generator=gen).bfloat16()
+    whole = gelu_quantize(x, bias)
+    pieces = [(0, 300), (300, 640), (640, 1000)]
+
+    def in_pieces(x, bias):
+        return gelu_quantize_in_pieces(lambda start, end: x[start:end] * 1, x.shape[0],
+                                       x.shape[1], bias, pieces, x.device)
+    for run in (in_pieces, torch.compile(in_pieces, fullgraph=True, dynamic=False)):
+        codes, scales = run(x, bias)
+        assert torch.equal(codes.view(torch.uint8), whole[0].view(torch.uint8))
+        assert torch.equal(scales, whole[1])
+    torch._dynamo.reset()

@@ -10,24 +10,27 @@ and writes it back at its end, so a graph spanning two residual updates holds a 
 copy of x between them (one graph for the block held it through the FFN, one for both attentions
 through cross-attention). Instead a phase's update (dit.ResidualUpdate) is added at the start of
 the next phase's graph, in the pass of that phase's norm, where it would otherwise be a pass of
-its own over x: the self-attention's in the cross-attention graph, the FFN's in the next block's
-self-attention graph (OwedUpdate carries it). A handed-on update stays alive through the graph
-that adds it (the graph's inputs are held until it returns): the FFN's through the next
-self-attention, the self-attention's through the cross-attention. The cross-attention's own
-update is added in its graph: handed on, it would stay alive through the FFN, the block's peak
-where the FFN runs whole (a chunked FFN adds its chunks as it goes and hands nothing on). The
-first block's self-attention graph, with nothing to add, is a fourth graph. A new video shape
-compiles again (tens of seconds, once); values differ from the eager blocks by rounding only,
-since the fused kernels skip intermediate roundings.
+its own over x: the self-attention's in the cross-attention graph, the cross-attention's in the
+FFN graph, the FFN's in the next block's self-attention graph (OwedUpdate carries it). A
+handed-on update stays alive through the graph that adds it (the graph's inputs are held until
+it returns): the FFN's through the next self-attention, the self-attention's through the
+cross-attention, the cross-attention's through the FFN. The last is handed on only where the
+FFN makes its hidden activation in pieces (WanBlock.feed_forward_takes_update: both its layers
+take fp8 codes), which frees more than the update holds; elsewhere the cross-attention adds its
+update in its own graph (a chunked FFN adds its chunks as it goes and hands nothing on). The
+first block's self-attention graph, with nothing to add, and the FFN graph without an update to
+add are graphs of their own. A new video shape compiles again (tens of seconds, once); values
+differ from the eager blocks by rounding only, since the fused kernels skip intermediate
+roundings.
 
-The graphs are of the block class's phase methods (self_attention_update, cross_attention_phase,
-feed_forward_update: wan/dit.py WanBlock), taken from the block given, so this module needs
+The graphs are of the block class's phase methods (self_attention_update, cross_attention_phase
+or cross_attention_update, feed_forward_update: wan/dit.py WanBlock), taken from the block given, so this module needs
 nothing of the model's.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -53,9 +56,6 @@ class OwedUpdate:
         return update
 
 
-_GRAPHS: dict[type, tuple[Callable, Callable, Callable]] = {}
-
-
 def compiled_block_forward() -> Callable:
     """forward(block, x, e0, rope, context, image_context, attend, compute_dtype, attention_rows,
     owed) -> x, updated in place; with an OwedUpdate `owed`, the update it holds (the previous
@@ -67,14 +67,21 @@ def compiled_block_forward() -> Callable:
 
 def _forward(block, x, e0, rope, context, image_context, attend, compute_dtype,
              attention_rows=None, owed: OwedUpdate | None = None):
-    self_attention, cross_attention, feed_forward = _graphs(type(block))
+    graphs = _graphs(type(block))
     # the owed update is handed over without a name here: freed when this graph returns
-    update = self_attention(block, x, e0, rope, attend, compute_dtype,
-                            None if owed is None else owed.take())
-    x = cross_attention(block, x, context, image_context, attend, compute_dtype, attention_rows,
-                        update)
-    del update
-    ffn_update = feed_forward(block, x, e0, compute_dtype)
+    update = graphs.self_attention(block, x, e0, rope, attend, compute_dtype,
+                                   None if owed is None else owed.take())
+    if block.feed_forward_takes_update(x, e0, compute_dtype):
+        crossed = graphs.cross_attention_update(block, x, context, image_context, attend,
+                                                compute_dtype, update)
+        del update
+        ffn_update = graphs.feed_forward(block, x, e0, compute_dtype, crossed)
+        del crossed
+    else:
+        x = graphs.cross_attention(block, x, context, image_context, attend, compute_dtype,
+                                   attention_rows, update)
+        del update
+        ffn_update = graphs.feed_forward(block, x, e0, compute_dtype)
     if owed is not None:
         owed.update = ffn_update
     elif ffn_update is not None:
@@ -82,14 +89,24 @@ def _forward(block, x, e0, rope, context, image_context, attend, compute_dtype,
     return x
 
 
-def _graphs(block_class: type) -> tuple[Callable, Callable, Callable]:
+class _PhaseGraphs(NamedTuple):
+    self_attention: Callable
+    cross_attention: Callable
+    cross_attention_update: Callable
+    feed_forward: Callable
+
+
+_GRAPHS: dict[type, _PhaseGraphs] = {}
+
+
+def _graphs(block_class: type) -> _PhaseGraphs:
     graphs = _GRAPHS.get(block_class)
     if graphs is None:
         _raise_recompile_limit(COMPILED_GRAPHS_KEPT)
-        graphs = _GRAPHS[block_class] = (
-            torch.compile(block_class.self_attention_update, dynamic=False),
-            torch.compile(block_class.cross_attention_phase, dynamic=False),
-            torch.compile(block_class.feed_forward_update, dynamic=False))
+        graphs = _GRAPHS[block_class] = _PhaseGraphs(*(
+            torch.compile(phase, dynamic=False) for phase in (
+                block_class.self_attention_update, block_class.cross_attention_phase,
+                block_class.cross_attention_update, block_class.feed_forward_update)))
     return graphs
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gpu_support import kernel_operator, triton_kernels_usable
+from ..quant.fp8_rows import row_parts
 from ..quant.rowwise import FP8, RowCodes, quantize_rows
 from .rope import RotaryTable
 
@@ -169,17 +170,20 @@ def norm_codes_statement(x: torch.Tensor, eps: float, dtype: torch.dtype, *,
 
 
 # Inside compiled graphs the kernel runs for rows up to this wide; past it, at 14B's 5120, the
-# compiler's fused steps were faster (H100: bench/results/2026-11-26-h100-norm-codes/).
+# compiler's fused steps were faster than the kernel with its row in one padded block (H100:
+# bench/results/2026-11-26-h100-norm-codes/). With the row in parts the kernel alone now takes
+# less at 5120 than those steps took there (bench/results/2026-11-26-h100-norm-codes-parts/), but
+# not measured in the same process or in the 14B forward: the limit stays until it is.
 WIDEST_COMPILED = 4096
 
 # what norm_codes rounds the norm to before quantizing it (glue_kernels.ROUND_*)
 ROUNDINGS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def codes_warps(width: int) -> int:
-    """Warps per row of norm_codes_kernel, the fastest at Wan's widths on an H100 (bench/results/
-    2026-11-26-h100-norm-codes/): 8 at 1536, 4 at 3072, 8 at 5120."""
-    return 8 if width <= 2048 or width > 4096 else 4
+# Warps per row of norm_codes_kernel: with the row in parts (3072 = 2048 + 1024), 4 was the
+# fastest or within 3% of it at 1536, 3072 and 5120, with and without an update (H100:
+# bench/results/2026-11-26-h100-norm-codes-parts/)
+CODES_WARPS = 4
 
 
 def launch_norm_codes(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
@@ -199,7 +203,7 @@ def launch_norm_codes(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tenso
             y = y.contiguous()
     table = x if shift is None else shift
     gates = x if gate is None else gate
-    block = triton_next_power_of_2(d)
+    parts = row_parts(d)
     _kernels().norm_codes_kernel[(b * length,)](
         x, x if y is None else y, gates, table, x if scale is None else scale,
         x if weight is None else weight, x if bias is None else bias, codes, scales, length, d,
@@ -208,7 +212,8 @@ def launch_norm_codes(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tenso
         length if shift is None else length // shift.shape[1], table.stride(0),
         table.stride(1), eps, UPDATE=y is not None, GATED=gate is not None,
         MODULATE=shift is not None, AFFINE=weight is not None, ROUNDING=rounding,
-        BLOCK_D=block, num_warps=warps or codes_warps(d))
+        PART0=parts[0], PART1=parts[1], PART2=parts[2], PART3=parts[3],
+        num_warps=warps or CODES_WARPS)
     return codes, scales
 
 

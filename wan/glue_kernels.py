@@ -69,19 +69,12 @@ ROUND_FP16 = tl.constexpr(2)
 
 
 @triton.jit
-def norm_codes_kernel(x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, codes_ptr,
-                      scales_ptr, L, D, stride_xb, stride_xl, gate_rows, stride_gb, stride_gg,
-                      rows_per_group, stride_mb, stride_mg, eps, UPDATE: tl.constexpr,
-                      GATED: tl.constexpr, MODULATE: tl.constexpr, AFFINE: tl.constexpr,
-                      ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A norm read only by fp8 matmuls, as their input codes, in one pass over the float32 row:
-    with UPDATE, x += y * gate (GATED) or x += y first, in place (add_gated_kernel's arithmetic);
-    then the row of layer_norm_modulate_kernel, rounded to the activation's dtype (ROUNDING), as
-    codes = h / scale with scale = max |h| / 448 (quant/rowwise.py's per-token fp8 quantization,
-    its division and rounding): codes [B*L, D], scales [B*L]. The normed activation is never
-    stored."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_D)
+def _stream_part(x_ptr, y_ptr, gate_ptr, row, L, D, stride_xb, stride_xl, gate_rows, stride_gb,
+                 stride_gg, START: tl.constexpr, SIZE: tl.constexpr, UPDATE: tl.constexpr,
+                 GATED: tl.constexpr):
+    """Columns START..START + SIZE of the float32 row (masked past D), with x += y * gate (GATED)
+    or x += y (UPDATE) written back: x, the columns, the mask."""
+    cols = START + tl.arange(0, SIZE)
     inside = cols < D
     offset = _row_offset(row, L, stride_xb, stride_xl) + cols
     x = tl.load(x_ptr + offset, mask=inside, other=0.0).to(tl.float32)
@@ -92,14 +85,101 @@ def norm_codes_kernel(x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr
             y = y * tl.load(gate_ptr + g + cols, mask=inside, other=0.0)
         x = x + y
         tl.store(x_ptr + offset, x, mask=inside)
-    h = _layer_norm(x, cols, inside, row, L, D, shift_ptr, scale_ptr, w_ptr, b_ptr,
-                    rows_per_group, stride_mb, stride_mg, eps, MODULATE, AFFINE)
+    return x, cols, inside
+
+
+@triton.jit
+def _normed_part(centred, rstd, cols, inside, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr,
+                 rows_per_group, stride_mb, stride_mg, MODULATE: tl.constexpr,
+                 AFFINE: tl.constexpr, ROUNDING: tl.constexpr):
+    """A part's normed values: _layer_norm's arithmetic from its centred values, then rounded
+    to the activation's dtype (ROUNDING)."""
+    h = centred * rstd
+    if MODULATE:
+        m = _group_offset(row, L, rows_per_group, stride_mb, stride_mg)
+        shift = tl.load(shift_ptr + m + cols, mask=inside, other=0.0)
+        scale = tl.load(scale_ptr + m + cols, mask=inside, other=0.0)
+        h = h * (1.0 + scale) + shift
+    if AFFINE:
+        h = h * tl.load(w_ptr + cols, mask=inside, other=0.0) + tl.load(b_ptr + cols, mask=inside,
+                                                                        other=0.0)
     if ROUNDING == ROUND_BF16:
         h = h.to(tl.bfloat16).to(tl.float32)
     elif ROUNDING == ROUND_FP16:
         h = h.to(tl.float16).to(tl.float32)
-    scale = row_scale(tl.max(tl.abs(h), axis=0))
-    tl.store(codes_ptr + row.to(tl.int64) * D + cols, fp8_codes(h, scale), mask=inside)
+    return h
+
+
+@triton.jit
+def norm_codes_kernel(x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, codes_ptr,
+                      scales_ptr, L, D, stride_xb, stride_xl, gate_rows, stride_gb, stride_gg,
+                      rows_per_group, stride_mb, stride_mg, eps, UPDATE: tl.constexpr,
+                      GATED: tl.constexpr, MODULATE: tl.constexpr, AFFINE: tl.constexpr,
+                      ROUNDING: tl.constexpr, PART0: tl.constexpr, PART1: tl.constexpr,
+                      PART2: tl.constexpr, PART3: tl.constexpr):
+    """A norm read only by fp8 matmuls, as their input codes, in one pass over the float32 row:
+    with UPDATE, x += y * gate (GATED) or x += y first, in place (add_gated_kernel's arithmetic);
+    then layer_norm_modulate_kernel's arithmetic, rounded to the activation's dtype (ROUNDING),
+    as codes = h / scale with scale = max |h| / 448 (quant/rowwise.py's per-token fp8
+    quantization, its division and rounding): codes [B*L, D], scales [B*L]. The normed
+    activation is never stored. The row is held as up to four parts of power-of-two widths
+    (quant/fp8_rows.py row_parts: 3072 = 2048 + 1024, 5120 = 4096 + 1024), not one block
+    padded to the next power of two."""
+    row = tl.program_id(0)
+    x0, c0, i0 = _stream_part(x_ptr, y_ptr, gate_ptr, row, L, D, stride_xb, stride_xl, gate_rows,
+                              stride_gb, stride_gg, 0, PART0, UPDATE, GATED)
+    total = tl.sum(x0, axis=0)
+    if PART1 > 0:
+        x1, c1, i1 = _stream_part(x_ptr, y_ptr, gate_ptr, row, L, D, stride_xb, stride_xl,
+                                  gate_rows, stride_gb, stride_gg, PART0, PART1, UPDATE, GATED)
+        total += tl.sum(x1, axis=0)
+    if PART2 > 0:
+        x2, c2, i2 = _stream_part(x_ptr, y_ptr, gate_ptr, row, L, D, stride_xb, stride_xl,
+                                  gate_rows, stride_gb, stride_gg, PART0 + PART1, PART2, UPDATE,
+                                  GATED)
+        total += tl.sum(x2, axis=0)
+    if PART3 > 0:
+        x3, c3, i3 = _stream_part(x_ptr, y_ptr, gate_ptr, row, L, D, stride_xb, stride_xl,
+                                  gate_rows, stride_gb, stride_gg, PART0 + PART1 + PART2, PART3,
+                                  UPDATE, GATED)
+        total += tl.sum(x3, axis=0)
+    mean = total / D
+    x0 = tl.where(i0, x0 - mean, 0.0)
+    squares = tl.sum(x0 * x0, axis=0)
+    if PART1 > 0:
+        x1 = tl.where(i1, x1 - mean, 0.0)
+        squares += tl.sum(x1 * x1, axis=0)
+    if PART2 > 0:
+        x2 = tl.where(i2, x2 - mean, 0.0)
+        squares += tl.sum(x2 * x2, axis=0)
+    if PART3 > 0:
+        x3 = tl.where(i3, x3 - mean, 0.0)
+        squares += tl.sum(x3 * x3, axis=0)
+    rstd = 1.0 / tl.sqrt(squares / D + eps)
+    h0 = _normed_part(x0, rstd, c0, i0, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr,
+                      rows_per_group, stride_mb, stride_mg, MODULATE, AFFINE, ROUNDING)
+    amax = tl.max(tl.abs(h0), axis=0)
+    if PART1 > 0:
+        h1 = _normed_part(x1, rstd, c1, i1, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr,
+                          rows_per_group, stride_mb, stride_mg, MODULATE, AFFINE, ROUNDING)
+        amax = tl.maximum(amax, tl.max(tl.abs(h1), axis=0))
+    if PART2 > 0:
+        h2 = _normed_part(x2, rstd, c2, i2, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr,
+                          rows_per_group, stride_mb, stride_mg, MODULATE, AFFINE, ROUNDING)
+        amax = tl.maximum(amax, tl.max(tl.abs(h2), axis=0))
+    if PART3 > 0:
+        h3 = _normed_part(x3, rstd, c3, i3, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr,
+                          rows_per_group, stride_mb, stride_mg, MODULATE, AFFINE, ROUNDING)
+        amax = tl.maximum(amax, tl.max(tl.abs(h3), axis=0))
+    scale = row_scale(amax)
+    codes_ptr += row.to(tl.int64) * D
+    tl.store(codes_ptr + c0, fp8_codes(h0, scale), mask=i0)
+    if PART1 > 0:
+        tl.store(codes_ptr + c1, fp8_codes(h1, scale), mask=i1)
+    if PART2 > 0:
+        tl.store(codes_ptr + c2, fp8_codes(h2, scale), mask=i2)
+    if PART3 > 0:
+        tl.store(codes_ptr + c3, fp8_codes(h3, scale), mask=i3)
     tl.store(scales_ptr + row, scale)
 
 

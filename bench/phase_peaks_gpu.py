@@ -22,15 +22,12 @@ from wan_enhanced.quant import quantize_block_linears
 from wan_enhanced.wan import compiled_blocks
 
 GIB = 1 << 30
-# the compiled phase graphs (compiled_blocks._PhaseGraphs: the cross-attention's graph that adds
-# its update, or the one that hands it to the FFN's)
-PHASES = compiled_blocks._PhaseGraphs._fields
 
 
 def measured_graphs(block_class: type, peaks: dict[str, int], base: list[int]):
-    """The block class's compiled phase graphs, each wrapped to record its peak above base[0]."""
-    graphs = compiled_blocks._graphs(block_class)
-
+    """The block class's compiled phase graphs, each wrapped to record its peak above base[0]
+    under its name (compiled_blocks: the self-attention's, the cross-attention's that adds its
+    update or the one that hands it to the FFN's, the FFN's)."""
     def wrap(name, graph):
         def call(*args, **kwargs):
             torch.cuda.synchronize()
@@ -41,8 +38,7 @@ def measured_graphs(block_class: type, peaks: dict[str, int], base: list[int]):
             peaks[name] = max(peaks.get(name, 0), peak)
             return out
         return call
-    compiled_blocks._GRAPHS[block_class] = compiled_blocks._PhaseGraphs(
-        *(wrap(n, g) for n, g in zip(PHASES, graphs)))
+    compiled_blocks.wrap_phase_graphs(block_class, wrap)
 
 
 def main(argv=None) -> int:
@@ -74,7 +70,7 @@ def main(argv=None) -> int:
         forward()
         torch.cuda.synchronize()
         whole = torch.cuda.max_memory_allocated() - base[0]
-    rows = {name: peaks[name] / GIB for name in PHASES if name in peaks} | {"forward": whole / GIB}
+    rows = {name: peak / GIB for name, peak in peaks.items()} | {"forward": whole / GIB}
     for name, gib in rows.items():
         print(f"{args.case} {args.weights} {args.attention}: {name} peak {gib:.3f} GiB")
     if args.out:

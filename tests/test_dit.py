@@ -291,6 +291,38 @@ def test_compiled_blocks_run_as_phase_graphs_that_update_the_residual_in_place()
                                atol=1e-5 * expected_twice.abs().max())
 
 
+def test_the_compiled_phase_graphs_can_be_wrapped_by_name(monkeypatch):
+    """compiled_blocks.wrap_phase_graphs hands each phase graph to a wrapper with its name (the
+    phase-peak bench measures them so): a block then runs through the wrapped graphs, in phase
+    order, with the same output."""
+    from wan_enhanced.wan import compiled_blocks
+
+    monkeypatch.setattr(compiled_blocks, "_GRAPHS", {})  # this test's graphs only
+    torch._dynamo.reset()
+    model = _tiny()
+    block = model.blocks[0]
+    x = torch.randn(1, 16, 2, 8, 8)
+    tokens, grid = model.patchify(x)
+    _, e0 = model.embed_time(torch.tensor([500.0]), 1, grid)
+    rope = RotaryTable(grid, model.config.rope_pairs)
+    args = (e0, rope, model.embed_text(torch.randn(1, 5, 4096)), None, get_backend("sdpa"),
+            torch.float32, tokens.shape[1])
+    called = []
+
+    def wrap(name, graph):
+        def call(*a, **kw):
+            called.append(name)
+            return graph(*a, **kw)
+        return call
+    with torch.no_grad():
+        plain = compiled_block_forward()(block, tokens.clone(), *args)
+        compiled_blocks.wrap_phase_graphs(type(block), wrap)
+        wrapped = compiled_block_forward()(block, tokens.clone(), *args)
+    torch._dynamo.reset()
+    assert called == ["self_attention", "cross_attention", "feed_forward"]
+    assert torch.equal(wrapped, plain)
+
+
 def test_the_ffn_chunks_count_what_its_first_layer_holds(monkeypatch):
     """The FFN's row chunks are sized by the bytes per hidden element its first layer holds: the
     compute dtype's, or for int8 W8A8 the int32 products beside it, so those matrices run the

@@ -24,8 +24,8 @@ differ from the eager blocks by rounding only, since the fused kernels skip inte
 roundings.
 
 The graphs are of the block class's phase methods (self_attention_update, cross_attention_phase
-or cross_attention_update, feed_forward_update: wan/dit.py WanBlock), taken from the block given, so this module needs
-nothing of the model's.
+or cross_attention_update, feed_forward_update: wan/dit.py WanBlock), taken from the block
+given, so this module needs nothing of the model's.
 """
 
 from __future__ import annotations
@@ -97,6 +97,14 @@ class _PhaseGraphs(NamedTuple):
 
 
 _GRAPHS: dict[type, _PhaseGraphs] = {}
+
+
+def wrap_phase_graphs(block_class: type, wrap: Callable[[str, Callable], Callable]) -> None:
+    """Replace each compiled phase graph of block_class by wrap(its name, the graph), e.g. to
+    measure it (bench/phase_peaks_gpu.py); the names are those of _PhaseGraphs."""
+    graphs = _graphs(block_class)
+    _GRAPHS[block_class] = _PhaseGraphs(*(wrap(name, graph)
+                                          for name, graph in zip(_PhaseGraphs._fields, graphs)))
 
 
 def _graphs(block_class: type) -> _PhaseGraphs:

@@ -435,7 +435,8 @@ def hidden_codes(first: nn.Module, h: torch.Tensor | RowCodes, pieces: int) -> R
     """The fp8 codes of gelu_tanh(first(h)), the input of an fp8 second layer, made `pieces`
     row ranges at a time: first's product of each range (without its bias), then its GELU and
     codes into rows of one codes tensor (quant/gelu_fp8.py gelu_quantize_in_pieces); each row
-    is the whole product's row, so the codes are gelu_forward's to the bit."""
+    is the whole product's row, so the codes are gelu_forward's to the bit. A LoRA'd first
+    layer that sums its terms into its weight per call (lora/layers.py) does so per piece."""
     rows = math.prod(h.shape[:-1])
     step = -(-rows // pieces)
 

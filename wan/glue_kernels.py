@@ -32,7 +32,15 @@ def _layer_norm(x, cols, inside, row, L, D, shift_ptr, scale_ptr, w_ptr, b_ptr, 
     mean = tl.sum(x, axis=0) / D
     centred = tl.where(inside, x - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / D + eps)
-    y = centred * rstd
+    return _scaled_shifted(centred * rstd, cols, inside, row, L, shift_ptr, scale_ptr, w_ptr,
+                           b_ptr, rows_per_group, stride_mb, stride_mg, MODULATE, AFFINE)
+
+
+@triton.jit
+def _scaled_shifted(y, cols, inside, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr, rows_per_group,
+                    stride_mb, stride_mg, MODULATE: tl.constexpr, AFFINE: tl.constexpr):
+    """The normed y (columns `cols` of a row) times (1 + scale) plus shift of the row's group
+    (MODULATE), or times w plus b (AFFINE)."""
     if MODULATE:
         m = _group_offset(row, L, rows_per_group, stride_mb, stride_mg)
         shift = tl.load(shift_ptr + m + cols, mask=inside, other=0.0)
@@ -94,15 +102,8 @@ def _normed_part(centred, rstd, cols, inside, row, L, shift_ptr, scale_ptr, w_pt
                  AFFINE: tl.constexpr, ROUNDING: tl.constexpr):
     """A part's normed values: _layer_norm's arithmetic from its centred values, then rounded
     to the activation's dtype (ROUNDING)."""
-    h = centred * rstd
-    if MODULATE:
-        m = _group_offset(row, L, rows_per_group, stride_mb, stride_mg)
-        shift = tl.load(shift_ptr + m + cols, mask=inside, other=0.0)
-        scale = tl.load(scale_ptr + m + cols, mask=inside, other=0.0)
-        h = h * (1.0 + scale) + shift
-    if AFFINE:
-        h = h * tl.load(w_ptr + cols, mask=inside, other=0.0) + tl.load(b_ptr + cols, mask=inside,
-                                                                        other=0.0)
+    h = _scaled_shifted(centred * rstd, cols, inside, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr,
+                        rows_per_group, stride_mb, stride_mg, MODULATE, AFFINE)
     if ROUNDING == ROUND_BF16:
         h = h.to(tl.bfloat16).to(tl.float32)
     elif ROUNDING == ROUND_FP16:

@@ -314,6 +314,28 @@ def save(out_dir: Path, rows: list[dict], meta: dict, profiles: dict) -> None:
         write_atomically(out_dir / f"profile_{case}.md", text.encode())
 
 
+def start_peer(tool: str, args: argparse.Namespace, importer) -> tuple | None:
+    """What a peer bench's main needs before any timing: the device, the ComfyUI modules
+    importer(args.comfyui, cpu=...) gives and the run's metadata (date, device, versions,
+    command). None, the reason printed under `tool`'s name, without a CUDA device (unless
+    --quick) or for a folder that is no usable ComfyUI checkout."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not args.quick:
+        print(f"{tool}: no CUDA device; use --quick for a CPU smoke run", file=sys.stderr)
+        return None
+    try:
+        comfy = importer(args.comfyui, cpu=device.type == "cpu")
+    except ComfyCheckoutError as error:
+        print(f"{tool}: {error}", file=sys.stderr)
+        return None
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": (torch.cuda.get_device_name() if device.type == "cuda"
+                       else platform.processor()),
+            "torch": torch.__version__, "comfyui": peer.comfy_version(args.comfyui.resolve()),
+            "repeats": args.repeats, "command": " ".join(sys.argv), "quick": args.quick}
+    return device, comfy, meta
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--comfyui", type=Path, required=True, help="a ComfyUI checkout")
@@ -325,20 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and not args.quick:
-        print("peer_comfy: no CUDA device; use --quick for a CPU smoke run", file=sys.stderr)
+    started = start_peer("peer_comfy", args, import_comfy)
+    if started is None:
         return 2
-    try:
-        comfy = import_comfy(args.comfyui, cpu=device.type == "cpu")
-    except ComfyCheckoutError as error:
-        print(f"peer_comfy: {error}", file=sys.stderr)
-        return 2
-    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": (torch.cuda.get_device_name() if device.type == "cuda"
-                       else platform.processor()),
-            "torch": torch.__version__, "comfyui": peer.comfy_version(args.comfyui.resolve()),
-            "repeats": args.repeats, "command": " ".join(sys.argv), "quick": args.quick}
+    device, comfy, meta = started
     failed = False
     for name in args.case:
         rows, profile = run_case(name, args, device, comfy)

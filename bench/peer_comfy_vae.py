@@ -25,15 +25,13 @@ with no memory figures. Rows go to DIR/peer_comfy_vae.json and DIR/peer_comfy_va
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from wan_enhanced.bench import harness as peer
-from wan_enhanced.bench.peer_comfy import ComfyCheckoutError, import_comfy
+from wan_enhanced.bench.peer_comfy import ComfyCheckoutError, import_comfy, start_peer
 from wan_enhanced.vae_tiling.decode import decode_to_images
 
 CASES = ("vae21_decode", "vae22_decode")
@@ -144,25 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and not args.quick:
-        print("peer_comfy_vae: no CUDA device; use --quick for a CPU smoke run", file=sys.stderr)
+    started = start_peer("peer_comfy_vae", args, import_comfy_vaes)
+    if started is None:
         return 2
-    try:
-        comfy = import_comfy_vaes(args.comfyui, cpu=device.type == "cpu")
-    except ComfyCheckoutError as error:
-        print(f"peer_comfy_vae: {error}", file=sys.stderr)
-        return 2
+    device, comfy, meta = started
     rows = []
     for name in args.case:
         print(name, flush=True)
         rows += run_case(name, args, device, comfy)
-    data = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": (torch.cuda.get_device_name() if device.type == "cuda"
-                       else platform.processor()),
-            "torch": torch.__version__, "comfyui": peer.comfy_version(args.comfyui.resolve()),
-            "repeats": args.repeats, "command": " ".join(sys.argv), "quick": args.quick,
-            "rows": rows}
+    data = {**meta, "rows": rows}
     text = markdown(data)
     peer.save_result(args.out, "peer_comfy_vae", data, text)
     print(text)

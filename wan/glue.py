@@ -128,13 +128,13 @@ def norm_codes(x: torch.Tensor, eps: float, dtype: torch.dtype, *,
                pending: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> RowCodes:
     """norm_modulate(x, shift, scale) (or norm_affine(x, norm)) as the fp8 input codes of the
     layers that read it (rowwise.RowCodes; callers check takes_row_codes), in one pass over x,
-    also inside compiled graphs, where the activation is never stored (H100, a 1.3B block's
-    three norms: 0.57 ms against the compiler's fused steps' 0.83;
-    bench/results/2026-11-26-h100-norm-codes/). `pending` (y, gate): x += y * gate first
+    also inside compiled graphs, where the activation is never stored (H100, the three norms of
+    a block against the compiler's fused steps: 1.3B 0.57 ms against 0.83,
+    bench/results/2026-11-26-h100-norm-codes/; 14B 3.96 against 4.47 with the row in parts,
+    bench/results/2026-11-26-h100-norm-codes-parts/). `pending` (y, gate): x += y * gate first
     (add_gated_), in place, in the same pass. The codes are norm_codes_statement's but for about
     one in 10^5, one fp8 step off (float32 rounding within the norm)."""
-    if not triton_kernels_usable(x) or (torch.compiler.is_compiling()
-                                        and x.shape[-1] > WIDEST_COMPILED):
+    if not triton_kernels_usable(x):
         return norm_codes_statement(x, eps, dtype, shift=shift, scale=scale, norm=norm,
                                     pending=pending)
     weight = bias = None
@@ -168,13 +168,6 @@ def norm_codes_statement(x: torch.Tensor, eps: float, dtype: torch.dtype, *,
     codes, scales = quantize_rows(h.reshape(-1, h.shape[-1]), FP8)
     return RowCodes(codes, scales, x.shape, dtype)
 
-
-# Inside compiled graphs the kernel runs for rows up to this wide; past it, at 14B's 5120, the
-# compiler's fused steps were faster than the kernel with its row in one padded block (H100:
-# bench/results/2026-11-26-h100-norm-codes/). With the row in parts the kernel alone now takes
-# less at 5120 than those steps took there (bench/results/2026-11-26-h100-norm-codes-parts/), but
-# not measured in the same process or in the 14B forward: the limit stays until it is.
-WIDEST_COMPILED = 4096
 
 # what norm_codes rounds the norm to before quantizing it (glue_kernels.ROUND_*)
 ROUNDINGS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}

@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..quant.kernels import fp8_codes_matmul
+from ..quant.linear import layer_output_bytes
 from ..quant.rowwise import FP8, RowCodes, quantize_rows
 from .fp8_sum import fp8_sum
 
@@ -94,8 +95,7 @@ class LoraLinear(nn.Module):
     def output_bytes(self, dtype: torch.dtype) -> int:
         """What the base layer's forward holds per output element (dit.hidden_bytes sizes the
         FFN's chunks by it): the terms come on top of the base's output."""
-        output_bytes = getattr(self.base, "output_bytes", None)
-        return dtype.itemsize if output_bytes is None else output_bytes(dtype)
+        return layer_output_bytes(self.base, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active_terms():

@@ -34,6 +34,13 @@ def _frozen(tensor: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(tensor, requires_grad=False)
 
 
+def layer_output_bytes(layer: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes per output element `layer`'s forward holds at its peak in `dtype`: what a quantized
+    layer (or a LoRA around one) says (output_bytes), else the dtype's size."""
+    output_bytes = getattr(layer, "output_bytes", None)
+    return dtype.itemsize if output_bytes is None else output_bytes(dtype)
+
+
 class QuantizedLinear(nn.Module):
     """Codes and per-output-channel scales; the default forward dequantizes the weight to the
     input's dtype and multiplies (any device)."""

@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..quant.gelu_fp8 import gelu_quantize_in_pieces
+from ..quant.linear import layer_output_bytes
 from ..quant.rowwise import RowCodes
 from .attention import get_backend
 from .compiled_blocks import OwedUpdate, compiled_block_forward
@@ -86,10 +87,9 @@ def row_chunks(length: int, groups: int, target: int | None = None) -> list[tupl
 
 def hidden_bytes(first: nn.Module, dtype: torch.dtype) -> int:
     """Bytes per element of the FFN's hidden activation while its first layer makes it in
-    `dtype`: what a quantized layer says it holds (QuantizedLinear.output_bytes), else the
-    dtype's size."""
-    output_bytes = getattr(first, "output_bytes", None)
-    return dtype.itemsize if output_bytes is None else output_bytes(dtype)
+    `dtype` (quant/linear.py layer_output_bytes: a quantized layer's own count, else the
+    dtype's size)."""
+    return layer_output_bytes(first, dtype)
 
 
 def ffn_chunks(length: int, groups: int, ffn_dim: int, itemsize: int) -> list[tuple[int, int]]:
@@ -345,16 +345,13 @@ class WanBlock(nn.Module):
         shift_ff, scale_ff, gate_ff = self._modulated(e0)[3:]
         length = x.shape[1]
         chunks = self._ffn_chunks(x, e0, compute_dtype)
-        # the first layer takes the norm's codes where the second takes the GELU's (feed_forward)
-        layers = (self.ffn[0],) if getattr(self.ffn[2], "gelu_forward", None) is not None else ()
-        if pending is not None:
-            if len(chunks) != 1:
-                raise ValueError("feed_forward_update: an owed update needs the FFN in one chunk")
-            h = self._normed(x, 0, length, shift_ff, scale_ff, compute_dtype, layers, pending)
-            return ResidualUpdate(feed_forward(self.ffn, h, HIDDEN_PIECES_WITH_UPDATE), gate_ff)
+        layers = self._ffn_code_layers()
+        if pending is not None and len(chunks) != 1:
+            raise ValueError("feed_forward_update: an owed update needs the FFN in one chunk")
         if len(chunks) == 1:
-            return ResidualUpdate(feed_forward(self.ffn, self._normed(
-                x, 0, length, shift_ff, scale_ff, compute_dtype, layers)), gate_ff)
+            h = self._normed(x, 0, length, shift_ff, scale_ff, compute_dtype, layers, pending)
+            pieces = 1 if pending is None else HIDDEN_PIECES_WITH_UPDATE
+            return ResidualUpdate(feed_forward(self.ffn, h, pieces), gate_ff)
         for start, end in chunks:
             out = feed_forward(self.ffn, self._normed(x, start, end, shift_ff, scale_ff,
                                                       compute_dtype, layers))
@@ -366,9 +363,14 @@ class WanBlock(nn.Module):
         norm's pass: where both FFN layers take fp8 codes and the FFN runs in one chunk. The
         update then stays alive through the FFN; its hidden activation in pieces more than
         makes up for it (5B 720p: 0.17 GB held, 0.39 GB of the first product's output fewer)."""
-        return (len(self._ffn_chunks(x, e0, compute_dtype)) == 1
-                and getattr(self.ffn[2], "gelu_forward", None) is not None
-                and takes_row_codes((self.ffn[0], self.ffn[2]), x))
+        layers = self._ffn_code_layers()
+        return (len(self._ffn_chunks(x, e0, compute_dtype)) == 1 and bool(layers)
+                and takes_row_codes((*layers, self.ffn[2]), x))
+
+    def _ffn_code_layers(self) -> tuple[nn.Module, ...]:
+        """The FFN layers that may take its norm's codes: the first, where the second takes the
+        GELU's codes (feed_forward); none otherwise."""
+        return (self.ffn[0],) if getattr(self.ffn[2], "gelu_forward", None) is not None else ()
 
     def _ffn_chunks(self, x, e0, compute_dtype) -> list[tuple[int, int]]:
         return ffn_chunks(x.shape[1], e0.shape[1], self.ffn[0].out_features,

@@ -26,17 +26,6 @@ def _row_offset(row, L, stride_b, stride_l):
 
 
 @triton.jit
-def _layer_norm(x, cols, inside, row, L, D, shift_ptr, scale_ptr, w_ptr, b_ptr, rows_per_group,
-                stride_mb, stride_mg, eps, MODULATE: tl.constexpr, AFFINE: tl.constexpr):
-    """LN(x) * (1 + scale) + shift (MODULATE) or LN(x) * w + b (AFFINE) of one float32 row."""
-    mean = tl.sum(x, axis=0) / D
-    centred = tl.where(inside, x - mean, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / D + eps)
-    return _scaled_shifted(centred * rstd, cols, inside, row, L, shift_ptr, scale_ptr, w_ptr,
-                           b_ptr, rows_per_group, stride_mb, stride_mg, MODULATE, AFFINE)
-
-
-@triton.jit
 def _scaled_shifted(y, cols, inside, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr, rows_per_group,
                     stride_mb, stride_mg, MODULATE: tl.constexpr, AFFINE: tl.constexpr):
     """The normed y (columns `cols` of a row) times (1 + scale) plus shift of the row's group
@@ -64,8 +53,11 @@ def layer_norm_modulate_kernel(x_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, out_pt
     inside = cols < D
     x = tl.load(x_ptr + _row_offset(row, L, stride_xb, stride_xl) + cols, mask=inside,
                 other=0.0).to(tl.float32)
-    y = _layer_norm(x, cols, inside, row, L, D, shift_ptr, scale_ptr, w_ptr, b_ptr,
-                    rows_per_group, stride_mb, stride_mg, eps, MODULATE, AFFINE)
+    mean = tl.sum(x, axis=0) / D
+    centred = tl.where(inside, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / D + eps)
+    y = _scaled_shifted(centred * rstd, cols, inside, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr,
+                        rows_per_group, stride_mb, stride_mg, MODULATE, AFFINE)
     tl.store(out_ptr + row.to(tl.int64) * D + cols, y.to(out_ptr.dtype.element_ty), mask=inside)
 
 
@@ -100,8 +92,8 @@ def _stream_part(x_ptr, y_ptr, gate_ptr, row, L, D, stride_xb, stride_xl, gate_r
 def _normed_part(centred, rstd, cols, inside, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr,
                  rows_per_group, stride_mb, stride_mg, MODULATE: tl.constexpr,
                  AFFINE: tl.constexpr, ROUNDING: tl.constexpr):
-    """A part's normed values: _layer_norm's arithmetic from its centred values, then rounded
-    to the activation's dtype (ROUNDING)."""
+    """A part's normed values: layer_norm_modulate_kernel's arithmetic from its centred values,
+    then rounded to the activation's dtype (ROUNDING)."""
     h = _scaled_shifted(centred * rstd, cols, inside, row, L, shift_ptr, scale_ptr, w_ptr, b_ptr,
                         rows_per_group, stride_mb, stride_mg, MODULATE, AFFINE)
     if ROUNDING == ROUND_BF16:
@@ -189,16 +181,8 @@ def add_gated_kernel(x_ptr, y_ptr, gate_ptr, L, D, stride_xb, stride_xl, rows_pe
                      stride_mb, stride_mg, GATED: tl.constexpr, BLOCK_D: tl.constexpr):
     """x += y * gate (GATED) or x += y, in place; x float32 [B, L, D] with unit channel stride,
     y [B*L, D] contiguous in any float dtype."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_D)
-    inside = cols < D
-    offset = _row_offset(row, L, stride_xb, stride_xl) + cols
-    x = tl.load(x_ptr + offset, mask=inside, other=0.0)
-    y = tl.load(y_ptr + row.to(tl.int64) * D + cols, mask=inside, other=0.0).to(tl.float32)
-    if GATED:
-        m = _group_offset(row, L, rows_per_group, stride_mb, stride_mg)
-        y = y * tl.load(gate_ptr + m + cols, mask=inside, other=0.0)
-    tl.store(x_ptr + offset, x + y, mask=inside)
+    _stream_part(x_ptr, y_ptr, gate_ptr, tl.program_id(0), L, D, stride_xb, stride_xl,
+                 rows_per_group, stride_mb, stride_mg, 0, BLOCK_D, True, GATED)
 
 
 @triton.jit

@@ -6,7 +6,8 @@ self-attention shapes: speed and error.
 For each shape (batch 1, head_dim 128): q, k, v drawn in bf16 with the traits of Wan's
 activations (a shared per-channel offset on the keys, a few large channels), then
   - SDPA with cuDNN first (what ComfyUI and our "sdpa_cudnn" run) and its default choice;
-  - the fp8 backend whole (quantization + kernel: the Hopper kernel where it runs), the same
+  - the fp8 backend whole (quantization + kernel: the Hopper kernel where it runs), the kernel
+    alone on operands quantized beforehand (what the kernel's TFLOP/s are), the same
     with the portable kernel (whose output the Hopper kernel must equal bit for bit), and the
     quantization alone;
   - our exact kernel (bf16_hopper, on Hopper GPUs), and at 512 keys (text cross-attention)
@@ -107,7 +108,10 @@ def run_shape(name: str, args, device) -> dict:
         portable = torch.empty_like(out)
         fa.attend_quantized(ops, portable, kernel="portable")
         row["fp8_bitwise_equal_to_portable"] = bool(torch.equal(portable, out))
-        del ops, portable
+        del portable
+
+        def fp8_kernel_alone():  # the attention kernel on operands quantized beforehand
+            fa.attend_quantized(ops, out)
 
         def fp8_portable():  # quantization included, as in fp8_attention
             ops = fa.quantize_only(q, k, v)
@@ -115,6 +119,7 @@ def run_shape(name: str, args, device) -> dict:
 
         for label, fn in (("sdpa_cudnn", lambda: cudnn(q, k, v)), ("sdpa", lambda: sdpa(q, k, v)),
                           ("fp8", lambda: fa.fp8_attention(q, k, v)),
+                          ("fp8_kernel_alone", fp8_kernel_alone),
                           ("fp8_portable", fp8_portable),
                           ("int8_bf16pv", lambda: fa._launch(q, k, v, pv_fp8=False)),
                           ("fp8_quantize_only", lambda: fa.quantize_only(q, k, v)),
@@ -123,6 +128,7 @@ def run_shape(name: str, args, device) -> dict:
             row[f"{label}_ms"] = ms
             row[f"{label}_tflops"] = flops / ms / 1e9
             print(f"  {name} {label}: {ms:.2f} ms, {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
+        del ops
         if hopper16 is not None:  # text cross-attention: 512 keys
             kt, vt = k[:, :512].contiguous(), v[:, :512].contiguous()
             out = torch.empty_like(q)
@@ -152,11 +158,11 @@ def run_shape(name: str, args, device) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| shape | tokens x heads | cuDNN ms (TFLOP/s) | bf16 Hopper ms (TFLOP/s) | "
-             "fp8 ms (TFLOP/s), kernel | "
+             "fp8 ms (TFLOP/s), kernel | fp8 kernel alone ms (TFLOP/s) | "
              "portable kernel ms (TFLOP/s) | quantize ms | "
              "fp8 vs bf16: max rel / cos / worst head cos | fp8 vs fp32 max rel | "
              "cuDNN vs fp32 max rel | bf16 Hopper vs fp32 max rel | "
-             "kernel vs emulation rel L2 |", "|" + "---|" * 12]
+             "kernel vs emulation rel L2 |", "|" + "---|" * 13]
     for r in rows:
         e, f32, b32 = r["fp8_vs_bf16"], r["fp8_vs_fp32"], r["bf16_vs_fp32"]
         h16 = (f"{r['bf16_hopper_ms']:.2f} ({r['bf16_hopper_tflops']:.0f})"
@@ -166,7 +172,8 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['shape']} | {r['tokens']} x {r['heads']} | {r['sdpa_cudnn_ms']:.2f} "
             f"({r['sdpa_cudnn_tflops']:.0f}) | {h16} | {r['fp8_ms']:.2f} ({r['fp8_tflops']:.0f}), "
-            f"{r['fp8_kernel']} | {r['fp8_portable_ms']:.2f} ({r['fp8_portable_tflops']:.0f}) | "
+            f"{r['fp8_kernel']} | {r['fp8_kernel_alone_ms']:.2f} "
+            f"({r['fp8_kernel_alone_tflops']:.0f}) | {r['fp8_portable_ms']:.2f} ({r['fp8_portable_tflops']:.0f}) | "
             f"{r['fp8_quantize_only_ms']:.2f} | {e['max_rel']:.4f} / {e['cosine']:.5f} / "
             f"{e['worst_head_cosine']:.5f} | {f32['max_rel']:.4f} | {b32['max_rel']:.4f} | "
             f"{h16_err} | "

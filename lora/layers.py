@@ -178,19 +178,30 @@ class LoraFp8Linear(LoraLinear):
         return self.base.runs_fp8_matmul(device)
 
     def forward(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
-        if isinstance(x, RowCodes):
-            return self._from_codes(x.codes, x.scales, x, with_bias=True)
-        if self.active_terms() and self.base.runs_fp8_matmul(x.device):
-            codes, scales = self.base.input_codes(x)
-            return self._from_codes(codes, scales, x, with_bias=True)
+        if isinstance(x, RowCodes) or (self.active_terms()
+                                       and self.base.runs_fp8_matmul(x.device)):
+            codes, scales = self._input_codes(x)
+            return self._from_codes(codes, scales, x, True, self._summed_codes(codes.shape[0]))
         return super().forward(x)
 
     def scaled_forward_without_bias(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
         """The fp8 matmul and the terms without any bias (the next step adds self.bias)."""
-        if isinstance(x, RowCodes):
-            return self._from_codes(x.codes, x.scales, x, with_bias=False)
-        codes, scales = self.base.input_codes(x)
-        return self._from_codes(codes, scales, x, with_bias=False)
+        codes, scales = self._input_codes(x)
+        return self._from_codes(codes, scales, x, False, self._summed_codes(codes.shape[0]))
+
+    def products_without_bias(self, rows: int):
+        """scaled_forward_without_bias for row ranges of one input of `rows` rows (an FFN's
+        hidden activation made in pieces, dit.hidden_codes): where the terms are summed into
+        the layer's codes, the sum is formed once for all the ranges, not once per range."""
+        summed = self._summed_codes(rows)
+
+        def product(x: torch.Tensor | RowCodes) -> torch.Tensor:
+            codes, scales = self._input_codes(x)
+            return self._from_codes(codes, scales, x, False, summed)
+        return product
+
+    def _input_codes(self, x: torch.Tensor | RowCodes) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x.codes, x.scales) if isinstance(x, RowCodes) else self.base.input_codes(x)
 
     def gelu_forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """self(gelu_tanh(x + bias)), through the base's fused GELU-quantize step where the fp8
@@ -200,17 +211,19 @@ class LoraFp8Linear(LoraLinear):
                 x = x + bias.to(x.dtype)
             return self(F.gelu(x, approximate="tanh"))
         codes, scales = self.base.gelu_codes(x, bias)
-        return self._from_codes(codes, scales, x, with_bias=True)
+        return self._from_codes(codes, scales, x, True, self._summed_codes(codes.shape[0]))
 
     def _from_codes(self, codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor | RowCodes,
-                    with_bias: bool) -> torch.Tensor:
-        """The product of x's codes with the layer and its terms (x: for its shape and dtype)."""
+                    with_bias: bool, summed: tuple[torch.Tensor, torch.Tensor] | None
+                    ) -> torch.Tensor:
+        """The product of x's codes with the layer and its terms (x: for its shape and dtype);
+        `summed`: the layer's codes and scales with the terms added (_summed_codes), or None
+        where the terms go to the output."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"LoRA fp8 layer: input of width {x.shape[-1]} for a layer of "
                              f"{self.in_features} input features")
         base = self.base
         bias = self.bias if with_bias else None  # added in the fp8 kernel's epilogue
-        summed = self._summed_codes(codes.shape[0])
         if summed is not None:
             out = fp8_codes_matmul(codes, scales, *summed, base.fast_accum, bias)
             return self._shaped(out, x)

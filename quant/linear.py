@@ -177,6 +177,11 @@ class Fp8Linear(QuantizedLinear):
                                 self.weight_scale, self.fast_accum)
         return self._finish(out, x.dtype, x.shape[:-1])
 
+    def products_without_bias(self, rows: int):
+        """scaled_forward_without_bias for row ranges of one input of `rows` rows (as
+        LoraFp8Linear's, which forms its summed weight once for them)."""
+        return self.scaled_forward_without_bias
+
     def gelu_forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """self(gelu_tanh(x + bias)). Where the fp8 matmul runs, the bias, the GELU and the
         activations' fp8 quantization are one pass over x (quant/gelu_fp8.py) instead of

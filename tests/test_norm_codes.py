@@ -241,6 +241,45 @@ def test_an_fp8_ffn_makes_its_hidden_codes_in_pieces_to_the_bit(monkeypatch, pie
 
 
 @needs_scaled_mm
+def test_a_lora_first_layer_sums_its_terms_once_for_all_pieces(monkeypatch):
+    """A LoRA'd fp8 first layer whose terms are summed into its codes for a call of this many
+    rows (lora.layers.merges_per_call) forms that sum once for the FFN's hidden pieces, not once
+    per piece, and the pieces take the whole input's choice (a piece alone, with fewer rows,
+    would add the terms to its output instead): the output is the whole FFN's, to the bit."""
+    from wan_enhanced.lora import layers as lora_layers
+
+    monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
+    torch.manual_seed(0)
+    fp8 = SCHEMES["fp8_e4m3fn_fast"]
+    ffn = torch.nn.Sequential(fp8.quantize(torch.nn.Linear(64, 96)),
+                              torch.nn.GELU(approximate="tanh"),
+                              fp8.quantize(torch.nn.Linear(96, 64)))
+    gen = torch.Generator().manual_seed(1)
+    first = lora_layers.LoraFp8Linear(ffn[0])
+    first.add("low_rank", (torch.randn(4, 64, generator=gen) / 8,
+                           torch.randn(96, 4, generator=gen) / 8), 0.5)
+    ffn[0] = first
+    h = torch.randn(2, 60, 64).bfloat16()  # 120 rows: the terms are summed into the codes
+    assert lora_layers.merges_per_call(120, 64, 96)
+    assert not lora_layers.merges_per_call(60, 64, 96)
+    sums = []
+    real_sum = lora_layers.fp8_sum
+
+    def counted(*args):
+        sums.append(1)
+        return real_sum(*args)
+    monkeypatch.setattr(lora_layers, "fp8_sum", counted)
+    with torch.no_grad():
+        whole = dit.feed_forward(ffn, h)
+        assert len(sums) == 1
+        for pieces in (2, 3):
+            sums.clear()
+            out = dit.feed_forward(ffn, h, pieces)
+            assert len(sums) == 1, pieces
+            assert torch.equal(out, whole) and out.abs().max() > 0
+
+
+@needs_scaled_mm
 def test_an_fp8_layer_multiplies_row_codes_as_its_own(monkeypatch):
     monkeypatch.setattr(quant_linear, "fp8_matmul_unavailable", lambda device: None)
     torch.manual_seed(0)

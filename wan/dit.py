@@ -438,12 +438,14 @@ def hidden_codes(first: nn.Module, h: torch.Tensor | RowCodes, pieces: int) -> R
     row ranges at a time: first's product of each range (without its bias), then its GELU and
     codes into rows of one codes tensor (quant/gelu_fp8.py gelu_quantize_in_pieces); each row
     is the whole product's row, so the codes are gelu_forward's to the bit. A LoRA'd first
-    layer that sums its terms into its weight per call (lora/layers.py) does so per piece."""
+    layer that sums its terms into its weight per call (lora/layers.py) does so once for all
+    the pieces (products_without_bias)."""
     rows = math.prod(h.shape[:-1])
     step = -(-rows // pieces)
+    piece_product = first.products_without_bias(rows)
 
     def product(start: int, end: int) -> torch.Tensor:
-        return first.scaled_forward_without_bias(_row_range(h, start, end))
+        return piece_product(_row_range(h, start, end))
 
     codes, scales = gelu_quantize_in_pieces(
         product, rows, first.out_features, first.bias,

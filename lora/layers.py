@@ -168,9 +168,9 @@ _PARTS = {"low_rank": ("down", "up"), "weight_diff": ("diff",), "bias_diff": ("d
 
 class LoraFp8Linear(LoraLinear):
     """LoraLinear around an fp8 layer: keeps the layer's fp8 feed-forward steps
-    (runs_fp8_matmul, scaled_forward_without_bias, gelu_forward), and where the fp8 matmul runs,
-    every term reads the input's fp8 codes; so it also takes a norm's codes (RowCodes), as
-    the base does."""
+    (runs_fp8_matmul, scaled_forward_without_bias, products_without_bias, gelu_forward), and
+    where the fp8 matmul runs, every term reads the input's fp8 codes; so it also takes a
+    norm's codes (RowCodes), as the base does."""
 
     takes_row_codes = True
 
@@ -181,13 +181,15 @@ class LoraFp8Linear(LoraLinear):
         if isinstance(x, RowCodes) or (self.active_terms()
                                        and self.base.runs_fp8_matmul(x.device)):
             codes, scales = self._input_codes(x)
-            return self._from_codes(codes, scales, x, True, self._summed_codes(codes.shape[0]))
+            return self._from_codes(codes, scales, x, with_bias=True,
+                                   summed=self._summed_codes(codes.shape[0]))
         return super().forward(x)
 
     def scaled_forward_without_bias(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
         """The fp8 matmul and the terms without any bias (the next step adds self.bias)."""
         codes, scales = self._input_codes(x)
-        return self._from_codes(codes, scales, x, False, self._summed_codes(codes.shape[0]))
+        return self._from_codes(codes, scales, x, with_bias=False,
+                               summed=self._summed_codes(codes.shape[0]))
 
     def products_without_bias(self, rows: int):
         """scaled_forward_without_bias for row ranges of one input of `rows` rows (an FFN's
@@ -197,7 +199,7 @@ class LoraFp8Linear(LoraLinear):
 
         def product(x: torch.Tensor | RowCodes) -> torch.Tensor:
             codes, scales = self._input_codes(x)
-            return self._from_codes(codes, scales, x, False, summed)
+            return self._from_codes(codes, scales, x, with_bias=False, summed=summed)
         return product
 
     def _input_codes(self, x: torch.Tensor | RowCodes) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,7 +213,8 @@ class LoraFp8Linear(LoraLinear):
                 x = x + bias.to(x.dtype)
             return self(F.gelu(x, approximate="tanh"))
         codes, scales = self.base.gelu_codes(x, bias)
-        return self._from_codes(codes, scales, x, True, self._summed_codes(codes.shape[0]))
+        return self._from_codes(codes, scales, x, with_bias=True,
+                                summed=self._summed_codes(codes.shape[0]))
 
     def _from_codes(self, codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor | RowCodes,
                     with_bias: bool, summed: tuple[torch.Tensor, torch.Tensor] | None

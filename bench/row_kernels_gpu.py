@@ -49,22 +49,13 @@ def row(name: str, ms: float, nbytes: int, copy: float, **extra) -> dict:
 
 
 def rows_kernel(x: torch.Tensor, bias, gelu: bool, warps: int | None):
-    from wan_enhanced.quant.fp8_rows_kernel import fp8_rows_kernel
-
+    """The row kernel's launch over x, with `warps` per row (None: the shipped choice); the
+    codes and scales written into the same buffers each time, made once."""
     if warps is None:
         return lambda: fp8_rows.launch_rows(x, bias, gelu)
-    rows, width = x.shape
-    codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
-    parts = fp8_rows.row_parts(width)
-
-    def launch():
-        fp8_rows_kernel[(rows,)](x, x if bias is None else bias, codes, scales, width,
-                                 HAS_BIAS=bias is not None, GELU=gelu, PART0=parts[0],
-                                 PART1=parts[1], PART2=parts[2], PART3=parts[3],
-                                 num_warps=warps)
-        return codes, scales
-    return launch
+    out = (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+           torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device))
+    return lambda: fp8_rows.launch_rows(x, bias, gelu, out=out, warps=warps)
 
 
 def norm_rows(tokens: int, dim: int, warps: list[int], copy: float, gen, name: str,

@@ -42,11 +42,13 @@ def rows_kernel_usable(x: torch.Tensor) -> bool:
 
 
 def launch_rows(x: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False,
-                out: tuple[torch.Tensor, torch.Tensor] | None = None
+                out: tuple[torch.Tensor, torch.Tensor] | None = None, warps: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 codes [M, K] and float32 scales [M, 1] of x [M, K] (+ bias, then tanh-GELU if
     `gelu`), by the Triton kernel (callers check rows_kernel_usable); written into `out`
-    (contiguous codes and scales of those shapes, e.g. rows of larger ones) where given."""
+    (contiguous codes and scales of those shapes, e.g. rows of larger ones) where given.
+    `warps`: per row program, row_warps(K) unless given (bench/row_kernels_gpu.py tries
+    others)."""
     from .fp8_rows_kernel import fp8_rows_kernel
 
     rows, width = x.shape
@@ -60,7 +62,7 @@ def launch_rows(x: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = 
     fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales, width,
                              HAS_BIAS=bias is not None, GELU=gelu, PART0=parts[0],
                              PART1=parts[1], PART2=parts[2], PART3=parts[3],
-                             num_warps=row_warps(width))
+                             num_warps=warps or row_warps(width))
     return codes, scales
 
 

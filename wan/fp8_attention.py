@@ -293,13 +293,20 @@ def normed_query_codes(q: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor,
     scales = q.new_empty(bh, lqp, dtype=torch.float32)
     if lqp > lq:  # what quantize_q_kernel writes for a row of zeros
         q8[:, lq:] = 0
-        scales[:, lq:] = (torch.tensor(1e-30, dtype=torch.float32) / INT8_MAX
-                          * torch.tensor(score_scale, dtype=torch.float32))
+        scales[:, lq:] = _padding_scale(score_scale)
     block, warps = launch_shape(width // 2)  # rms_norm_heads' launch: its sums in its order
     kernels.normed_query_kernel[(b * lq,)](
         q.contiguous(), weight, cos, sin, q8, scales, width, cos.shape[-1], eps, lq, start,
         heads, lqp, score_scale, BLOCK_P=block, D=dim, num_warps=warps)
     return q8, scales
+
+
+@functools.cache
+def _padding_scale(score_scale: float) -> float:
+    """quantize_q_kernel's scale of a row of zeros, (1e-30 / 127) * score_scale in float32
+    steps, as a float (exactly that float32 value), worked out once and not per call."""
+    return float(torch.tensor(1e-30, dtype=torch.float32) / INT8_MAX
+                 * torch.tensor(score_scale, dtype=torch.float32))
 
 
 def _normed_query_attention(q: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor,

@@ -155,6 +155,23 @@ def test_a_row_is_held_as_few_power_of_two_parts():
             assert sum(used) - width < max(GRANULE, used[-1])
 
 
+def test_the_heads_of_a_norm_row_are_two_power_of_two_parts():
+    """The q/k norm kernel holds a row as two power-of-two counts of heads (Wan's 12, 24 and 40
+    heads with at most 8 spare, where one part padded 40 to 64), the second at least 1 (masked
+    when the first covers the row); more warps past 4096 channels; no kernel for a head_dim that
+    is not a power of two."""
+    assert glue.head_parts(24, 128) == (16, 8, 4)
+    assert glue.head_parts(40, 128) == (32, 8, 8)
+    assert glue.head_parts(12, 128) == (8, 4, 4)
+    assert glue.head_parts(16, 128) == (16, 1, 4)
+    assert glue.head_parts(1, 64) == (1, 1, 4)
+    assert glue.head_parts(24, 96) is None and glue.head_parts(0, 128) is None
+    for heads in range(1, 130):
+        first, second, _ = glue.head_parts(heads, 128)
+        assert first & (first - 1) == 0 and second & (second - 1) == 0
+        assert first <= heads <= first + second and second <= max(first, 1)
+
+
 def test_the_fused_ffn_product_is_only_offered_where_cublaslt_computes_it():
     layer, gelu = torch.nn.Linear(8, 16).bfloat16(), torch.nn.GELU(approximate="tanh")
     h = torch.randn(3, 8).bfloat16()

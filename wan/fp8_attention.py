@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..gpu_support import (TRITON, fp8_unavailable, import_gluon_kernel, kernel_operator,
                            warn_once)
-from .glue import launch_shape, rms_norm_heads
+from .glue import head_parts, rms_norm_heads
 from .sdpa import sdpa
 
 FP8_MAX = 448.0
@@ -294,10 +294,10 @@ def normed_query_codes(q: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor,
     if lqp > lq:  # what quantize_q_kernel writes for a row of zeros
         q8[:, lq:] = 0
         scales[:, lq:] = _padding_scale(score_scale)
-    block, warps = launch_shape(width // 2)  # rms_norm_heads' launch: its sums in its order
+    first, second, warps = head_parts(heads, dim)  # rms_norm_heads' launch: its sums in its order
     kernels.normed_query_kernel[(b * lq,)](
-        q.contiguous(), weight, cos, sin, q8, scales, width, cos.shape[-1], eps, lq, start,
-        heads, lqp, score_scale, BLOCK_P=block, D=dim, num_warps=warps)
+        q.contiguous(), weight, cos, sin, q8, scales, width, eps, lq, start, heads, lqp,
+        score_scale, HEADS0=first, HEADS1=second, D=dim, num_warps=warps)
     return q8, scales
 
 
@@ -338,7 +338,7 @@ def fp8_attention_normed_query(q: torch.Tensor, norm_weight: torch.Tensor, eps: 
     queries' norm, rotation and int8 codes are one pass (normed_query_codes) instead of two,
     with the same codes (H100: bench/results/2026-11-26-h100-normed-query/)."""
     if (k.shape[1] < MIN_KEYS or q.dtype != torch.bfloat16 or not q.is_cuda
-            or q.shape[-1] != heads * k.shape[-1]):
+            or q.shape[-1] != heads * k.shape[-1] or 2 * rope.cos.shape[-1] != k.shape[-1]):
         return fp8_attention(rms_norm_heads(q, norm_weight, eps, heads, rope, start), k, v)
     return FP8_NORMED_QUERY_ATTENTION(q, norm_weight.float(), rope.cos, rope.sin, start, eps,
                                       k, v)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .glue_kernels import rms_norm_rope_row
+from .glue_kernels import rms_norm_rope_heads
 
 FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
 INT8_MAX = tl.constexpr(127.0)
@@ -75,26 +75,37 @@ def quantize_q_kernel(x_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l, s
 
 
 @triton.jit
-def normed_query_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, scale_ptr, W, HALF_HEAD, eps,
-                        L, rope_start, H, Lp, score_scale, BLOCK_P: tl.constexpr,
-                        D: tl.constexpr):
-    """The queries' RMS norm and rotation (glue_kernels.rms_norm_rope_kernel's row of x [B*L, W],
-    rounded to bf16 as that kernel stores it) and their int8 codes (quantize_q_kernel's numbers)
-    in one pass: q never goes to memory in bf16. One program per token, all its heads."""
-    row = tl.program_id(0)
-    y, base = rms_norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, row, W, HALF_HEAD, eps, L,
-                                rope_start, True, BLOCK_P)
-    heads: tl.constexpr = 2 * BLOCK_P // D
-    y = tl.reshape(y.to(tl.bfloat16).to(tl.float32), [heads, D])
-    scale = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-30) / INT8_MAX
-    codes = _round_int8(y / scale[:, None])
-    head = tl.arange(0, heads)
+def _query_codes_part(y, FIRST: tl.constexpr, HEADS: tl.constexpr, row, L, H, Lp, out_ptr,
+                      scale_ptr, score_scale, D: tl.constexpr):
+    """A part's heads [HEADS, D / 2, 2] of the normed, rotated row (float32), rounded to bf16 as
+    rms_norm_rope_kernel stores them, in int8 codes with one scale per head (quantize_q_kernel's
+    numbers), stored at the row's token of each head."""
+    y = y.to(tl.bfloat16).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.max(tl.abs(y), axis=2), axis=1), 1e-30) / INT8_MAX
+    codes = _round_int8(y / scale[:, None, None])
+    head = FIRST + tl.arange(0, HEADS)
     bh = (row // L).to(tl.int64) * H + head
     token = row % L
     keep = head < H
-    tl.store(out_ptr + (bh * Lp + token)[:, None] * D + tl.arange(0, D)[None, :], codes,
-             mask=keep[:, None])
+    channels = (2 * tl.arange(0, D // 2))[None, :, None] + tl.arange(0, 2)[None, None, :]
+    tl.store(out_ptr + ((bh * Lp + token) * D)[:, None, None] + channels, codes,
+             mask=keep[:, None, None])
     tl.store(scale_ptr + bh * Lp + token, scale * score_scale, mask=keep)
+
+
+@triton.jit
+def normed_query_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, scale_ptr, W, eps, L,
+                        rope_start, H, Lp, score_scale, HEADS0: tl.constexpr,
+                        HEADS1: tl.constexpr, D: tl.constexpr):
+    """The queries' RMS norm and rotation (glue_kernels.rms_norm_rope_kernel's row of x [B*L, W],
+    the same arithmetic in the same layout, rounded to bf16 as that kernel stores it) and their
+    int8 codes (quantize_q_kernel's numbers) in one pass: q never goes to memory in bf16. One
+    program per token, all its heads."""
+    row = tl.program_id(0)
+    y0, offs0, y1, offs1, base = rms_norm_rope_heads(
+        x_ptr, w_ptr, cos_ptr, sin_ptr, row, W, eps, L, rope_start, True, HEADS0, HEADS1, D)
+    _query_codes_part(y0, 0, HEADS0, row, L, H, Lp, out_ptr, scale_ptr, score_scale, D)
+    _query_codes_part(y1, HEADS0, HEADS1, row, L, H, Lp, out_ptr, scale_ptr, score_scale, D)
 
 
 @triton.jit

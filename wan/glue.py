@@ -266,6 +266,19 @@ def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> t
     return x
 
 
+def head_parts(heads: int, head_dim: int) -> tuple[int, int, int] | None:
+    """The launch of glue_kernels.rms_norm_rope_heads for rows of `heads` heads of `head_dim`
+    channels: its two parts of power-of-two head counts (24 = 16 + 8, 40 = 32 + 8, 12 = 8 + 4;
+    the second at least 1, masked past the row) and its warps; None where head_dim is not a
+    power of two (the PyTorch statement runs). rms_norm_heads and the fp8 attention's
+    normed_query_codes launch it alike, so that their sums run in the same order."""
+    if heads < 1 or head_dim < 2 or head_dim & (head_dim - 1):
+        return None
+    first = 1 << (heads.bit_length() - 1)
+    second = triton_next_power_of_2(heads - first) if heads > first else 1
+    return first, second, 4 if heads * head_dim <= 4096 else 8
+
+
 def rms_norm_heads(t: torch.Tensor, weight: torch.Tensor, eps: float, heads: int,
                    rope: RotaryTable | None = None, start: int = 0) -> torch.Tensor:
     """RMS norm of t [B, L, W] over its whole width (all heads), times the gain, as
@@ -278,9 +291,11 @@ def rms_norm_heads(t: torch.Tensor, weight: torch.Tensor, eps: float, heads: int
     two in float32 and rounded it in a second pass (H100, 5B 720p: 0.53 ms a block, where one
     pass over each reads and writes 0.34 GB)."""
     b, length, width = t.shape
-    if (rope is not None and triton_kernels_usable(t)) or _use_kernels(t):
+    kernel = (head_parts(heads, width // heads) is not None and width % heads == 0
+              and (rope is None or 2 * rope.cos.shape[-1] == width // heads))
+    if kernel and ((rope is not None and triton_kernels_usable(t)) or _use_kernels(t)):
         cos, sin = (None, None) if rope is None else (rope.cos, rope.sin)
-        out = RMS_NORM_ROPE(t.contiguous(), weight.float(), cos, sin, start, eps)
+        out = RMS_NORM_ROPE(t.contiguous(), weight.float(), cos, sin, start, eps, heads)
         return out.view(b, length, heads, -1)
     normed = (F.rms_norm(t.float(), (width,), eps=eps) * weight.float()).to(t.dtype)
     normed = normed.view(b, length, heads, -1)
@@ -288,21 +303,20 @@ def rms_norm_heads(t: torch.Tensor, weight: torch.Tensor, eps: float, heads: int
 
 
 def _rms_norm_rope(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor | None,
-                   sin: torch.Tensor | None, start: int, eps: float) -> torch.Tensor:
-    """The kernel over contiguous t [B, L, W]: rotated by the tables cos/sin [tokens, 1,
-    head_dim / 2] from token `start` on, or not rotated (cos None)."""
+                   sin: torch.Tensor | None, start: int, eps: float, heads: int) -> torch.Tensor:
+    """The kernel over contiguous t [B, L, W] of `heads` heads: rotated by the tables cos/sin
+    [tokens, 1, head_dim / 2] from token `start` on, or not rotated (cos None)."""
     b, length, width = t.shape
     out = torch.empty_like(t)
-    block, warps = launch_shape(width // 2)
+    first, second, warps = head_parts(heads, width // heads)
     rotate = cos is not None
     _kernels().rms_norm_rope_kernel[(b * length,)](
-        t, weight, cos if rotate else t, sin if rotate else t, out, width,
-        cos.shape[-1] if rotate else 1, eps, length, start, ROTATE=rotate, BLOCK_P=block,
-        num_warps=warps)
+        t, weight, cos if rotate else t, sin if rotate else t, out, width, eps, length, start,
+        ROTATE=rotate, HEADS0=first, HEADS1=second, D=width // heads, num_warps=warps)
     return out
 
 
-def _rms_norm_rope_shape(t, weight, cos, sin, start, eps):
+def _rms_norm_rope_shape(t, weight, cos, sin, start, eps, heads):
     return torch.empty_like(t)
 
 

@@ -186,39 +186,65 @@ def add_gated_kernel(x_ptr, y_ptr, gate_ptr, L, D, stride_xb, stride_xl, rows_pe
 
 
 @triton.jit
-def rms_norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, row, W, HALF_HEAD, eps, rows_per_sample,
-                      rope_start, ROTATE: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Row `row` of x [B*L, W] normed, times the gain and (ROTATE) rotated, in float32 over
-    2 * BLOCK_P lanes (zeros past W), and the row's first element's offset."""
-    cols = tl.arange(0, 2 * BLOCK_P)
-    inside = cols < W
-    base = row.to(tl.int64) * W
-    x = tl.load(x_ptr + base + cols, mask=inside, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / W + eps)
-    y = x * rstd * tl.load(w_ptr + cols, mask=inside, other=0.0)
-    if ROTATE:
-        even, odd = tl.split(tl.reshape(y, [BLOCK_P, 2]))
-        pairs = tl.arange(0, BLOCK_P)
-        token = (row % rows_per_sample + rope_start).to(tl.int64)
-        angle = token * HALF_HEAD + pairs % HALF_HEAD
-        c = tl.load(cos_ptr + angle, mask=pairs < W // 2, other=1.0)
-        s = tl.load(sin_ptr + angle, mask=pairs < W // 2, other=0.0)
-        y = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), [2 * BLOCK_P])
-    return y, base
+def _heads_part(x_ptr, base, W, FIRST: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr):
+    """Heads FIRST..FIRST + HEADS of a row as float32 [HEADS, D / 2, 2] (a channel pair on one
+    thread; zeros past W) and their offsets in the row."""
+    offs = ((FIRST + tl.arange(0, HEADS))[:, None, None] * D
+            + (2 * tl.arange(0, D // 2))[None, :, None] + tl.arange(0, 2)[None, None, :])
+    x = tl.load(x_ptr + base + offs, mask=offs < W, other=0.0).to(tl.float32)
+    return x, offs
 
 
 @triton.jit
-def rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, W, HALF_HEAD, eps,
-                         rows_per_sample, rope_start,
-                         ROTATE: tl.constexpr, BLOCK_P: tl.constexpr):
-    """RMS norm over a row's whole width W (all heads), times the gain, then (ROTATE) each
-    channel pair (2i, 2i+1) rotated by the token's angle for pair i mod HALF_HEAD. float32
-    arithmetic, rounded once to out's dtype. Rows of x [B*L, W] contiguous.
+def _squares(x):
+    return tl.sum(tl.sum(tl.sum(x * x, axis=2), axis=1), axis=0)
 
-    The row is loaded and stored whole (contiguous, so in 16-byte vectors) and split into its
-    even and odd channels in registers: loads of every second channel were not vectorized."""
-    row = tl.program_id(0)
-    y, base = rms_norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, row, W, HALF_HEAD, eps,
-                                rows_per_sample, rope_start, ROTATE, BLOCK_P)
-    cols = tl.arange(0, 2 * BLOCK_P)
-    tl.store(out_ptr + base + cols, y.to(out_ptr.dtype.element_ty), mask=cols < W)
+
+@triton.jit
+def _rotated_part(x, offs, rstd, w_ptr, cos_ptr, sin_ptr, angle, W, ROTATE: tl.constexpr):
+    """A part's channels normed, times the gain and (ROTATE) each pair rotated by the angles
+    `angle` [D / 2] of the token's tables, in float32 [HEADS, D / 2, 2]."""
+    y = x * rstd * tl.load(w_ptr + offs, mask=offs < W, other=0.0)
+    if ROTATE:
+        even, odd = tl.split(y)
+        c = tl.load(cos_ptr + angle)[None, :]
+        s = tl.load(sin_ptr + angle)[None, :]
+        y = tl.join(even * c - odd * s, even * s + odd * c)
+    return y
+
+
+@triton.jit
+def rms_norm_rope_heads(x_ptr, w_ptr, cos_ptr, sin_ptr, row, W, eps, rows_per_sample,
+                        rope_start, ROTATE: tl.constexpr, HEADS0: tl.constexpr,
+                        HEADS1: tl.constexpr, D: tl.constexpr):
+    """Row `row` of x [B*L, W] (W = heads * D) normed over its whole width, times the gain and
+    (ROTATE) each head's channel pair i rotated by the token's angle i, in float32. The heads as
+    two parts of power-of-two counts (HEADS0, then HEADS1 masked past W; glue.head_parts), each
+    [heads, D / 2, 2] with its offsets in the row, and the row's first element's offset. A head's
+    pairs on neighbouring lanes, so its reductions are a warp's shuffles; the rotation's angles
+    are loaded once for all heads."""
+    base = row.to(tl.int64) * W
+    x0, offs0 = _heads_part(x_ptr, base, W, 0, HEADS0, D)
+    x1, offs1 = _heads_part(x_ptr, base, W, HEADS0, HEADS1, D)
+    rstd = 1.0 / tl.sqrt((_squares(x0) + _squares(x1)) / W + eps)
+    angle = ((row % rows_per_sample + rope_start).to(tl.int64) * (D // 2)
+             + tl.arange(0, D // 2))
+    y0 = _rotated_part(x0, offs0, rstd, w_ptr, cos_ptr, sin_ptr, angle, W, ROTATE)
+    y1 = _rotated_part(x1, offs1, rstd, w_ptr, cos_ptr, sin_ptr, angle, W, ROTATE)
+    return y0, offs0, y1, offs1, base
+
+
+@triton.jit
+def rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, W, eps, rows_per_sample,
+                         rope_start, ROTATE: tl.constexpr, HEADS0: tl.constexpr,
+                         HEADS1: tl.constexpr, D: tl.constexpr):
+    """RMS norm over a row's whole width W (all heads), times the gain, then (ROTATE) each
+    head's channel pair (2i, 2i+1) rotated by the token's angle i (tables [tokens, D / 2]).
+    float32 arithmetic, rounded once to out's dtype. Rows of x [B*L, W] contiguous; the row in
+    rms_norm_rope_heads' two parts of heads."""
+    y0, offs0, y1, offs1, base = rms_norm_rope_heads(
+        x_ptr, w_ptr, cos_ptr, sin_ptr, tl.program_id(0), W, eps, rows_per_sample, rope_start,
+        ROTATE, HEADS0, HEADS1, D)
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + base + offs0, y0.to(dtype), mask=offs0 < W)
+    tl.store(out_ptr + base + offs1, y1.to(dtype), mask=offs1 < W)

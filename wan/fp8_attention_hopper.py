@@ -129,25 +129,11 @@ def _block(j, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, ac
 
 
 @gluon.jit
-def _pass_turns(n, ready, empty, mine, nxt, t_phase, STAGES: gl.constexpr):
-    """A group whose query rows all lie past the queries' end (in the last program of a head):
-    per block it passes its turn and releases the keys and values once they are in, computing
-    nothing, so the group with rows there runs alone."""
-    for j in range(n):
-        mbarrier.wait(ready.index(j % STAGES), (j // STAGES) & 1)
-        mbarrier.wait(mine, t_phase)
-        mbarrier.arrive(nxt, count=1)
-        mbarrier.arrive(empty.index(j % STAGES), count=1)
-        t_phase = t_phase ^ 1
-
-
-@gluon.jit
 def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty, turn,
               qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol, stride_oh,
               D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, GROUPS: gl.constexpr, GROUP: gl.constexpr):
-    """One group's 64 query rows over all keys, written to the output (or, rows past the
-    queries' end only, its turns passed: _pass_turns)."""
+    """One group's 64 query rows over all keys, written to the output."""
     bh = gl.program_id(1)
     bh64 = bh.to(gl.int64)
     n = (L + BLOCK_N - 1) // BLOCK_N
@@ -161,46 +147,43 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, rea
     nxt = turn.index((GROUP + 1) % GROUPS)
     t_phase = 1 if GROUP == 0 else 0
     row0 = gl.program_id(0) * (GROUPS * BLOCK_M) + GROUP * BLOCK_M
-    if row0 >= LQ:  # the last program of a head: rows past the queries only
-        _pass_turns(n, ready, empty, mine, nxt, t_phase, STAGES)
-    else:
-        rows_s = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        qs = gl.load(qs_ptr + bh64 * LQp + rows_s, mask=rows_s < LQp, other=0.0)
-        ks_base = ks_ptr + bh64 * (Lp // BLOCK_N)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = gl.full([BLOCK_M], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
-        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, s_layout)
-        zero_o = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
-        q = q_smem.index(GROUP)
-        p_mine = p_smem.index(GROUP)
-        mbarrier.wait(q_bar, 0)
+    rows_s = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    qs = gl.load(qs_ptr + bh64 * LQp + rows_s, mask=rows_s < LQp, other=0.0)
+    ks_base = ks_ptr + bh64 * (Lp // BLOCK_N)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, s_layout)
+    zero_o = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
+    q = q_smem.index(GROUP)
+    p_mine = p_smem.index(GROUP)
+    mbarrier.wait(q_bar, 0)
 
-        # block 0's scores and softmax (block 0 is whole: L > BLOCK_N)
-        s = _scores(0, q, k_smem, ready, zero_s, STAGES)
-        p, alpha, l_i, m_i = _softmax(s, m_i, l_i, qs, gl.load(ks_base), 0, L, BLOCK_N, False,
-                                      s_layout)
-        alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-        for j in range(0, n - 2):
-            p, acc, alpha_prev, l_i, m_i, t_phase = _block(
-                j, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev,
-                l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, False, s_layout, o_layout)
-        # the last block's scores are masked past L
+    # block 0's scores and softmax (block 0 is whole: L > BLOCK_N)
+    s = _scores(0, q, k_smem, ready, zero_s, STAGES)
+    p, alpha, l_i, m_i = _softmax(s, m_i, l_i, qs, gl.load(ks_base), 0, L, BLOCK_N, False,
+                                  s_layout)
+    alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+    for j in range(0, n - 2):
         p, acc, alpha_prev, l_i, m_i, t_phase = _block(
-            n - 2, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev,
-            l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, True, s_layout, o_layout)
-        acc, t_phase = _pv(n - 1, p, p_mine, v_smem, empty, mine, nxt, t_phase, acc, alpha_prev,
-                           zero_o, STAGES)
+            j, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev,
+            l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, False, s_layout, o_layout)
+    # the last block's scores are masked past L
+    p, acc, alpha_prev, l_i, m_i, t_phase = _block(
+        n - 2, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev,
+        l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, True, s_layout, o_layout)
+    acc, t_phase = _pv(n - 1, p, p_mine, v_smem, empty, mine, nxt, t_phase, acc, alpha_prev,
+                       zero_o, STAGES)
 
-        # acc and l_i both carry P's factor 448
-        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-        vs = gl.load(vs_ptr + bh64 * D + offs_d)
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-        out = acc * vs[None, :] / l_o[:, None]
-        rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-        o = o_ptr + (bh // H).to(gl.int64) * stride_ob + (bh % H) * stride_oh
-        gl.store(o + rows[:, None] * stride_ol + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=rows[:, None] < LQ)
+    # acc and l_i both carry P's factor 448
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    vs = gl.load(vs_ptr + bh64 * D + offs_d)
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc * vs[None, :] / l_o[:, None]
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    o = o_ptr + (bh // H).to(gl.int64) * stride_ob + (bh % H) * stride_oh
+    gl.store(o + rows[:, None] * stride_ol + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=rows[:, None] < LQ)
 
 
 @gluon.jit

@@ -158,10 +158,9 @@ def test_a_row_is_held_as_few_power_of_two_parts():
 def test_the_heads_of_a_norm_row_are_two_power_of_two_parts():
     """The q/k norm kernel holds a row as two power-of-two counts of heads (Wan's 12, 24 and 40
     heads with at most 8 spare, where one part padded 40 to 64), the second at least 1 (masked
-    when the first covers the row); more warps past 4096 channels; no kernel for a head_dim that
-    is not a power of two."""
+    when the first covers the row); no kernel for a head_dim that is not a power of two."""
     assert glue.head_parts(24, 128) == (16, 8, 4)
-    assert glue.head_parts(40, 128) == (32, 8, 8)
+    assert glue.head_parts(40, 128) == (32, 8, 4)
     assert glue.head_parts(12, 128) == (8, 4, 4)
     assert glue.head_parts(16, 128) == (16, 1, 4)
     assert glue.head_parts(1, 64) == (1, 1, 4)

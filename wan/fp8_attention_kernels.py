@@ -77,19 +77,18 @@ def quantize_q_kernel(x_ptr, out_ptr, scale_ptr, L, Lp, H, stride_b, stride_l, s
 @triton.jit
 def _query_codes_part(y, FIRST: tl.constexpr, HEADS: tl.constexpr, row, L, H, Lp, out_ptr,
                       scale_ptr, score_scale, D: tl.constexpr):
-    """A part's heads [HEADS, D / 2, 2] of the normed, rotated row (float32), rounded to bf16 as
+    """A part's heads [HEADS, D] of the normed, rotated row (float32), rounded to bf16 as
     rms_norm_rope_kernel stores them, in int8 codes with one scale per head (quantize_q_kernel's
     numbers), stored at the row's token of each head."""
     y = y.to(tl.bfloat16).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.max(tl.abs(y), axis=2), axis=1), 1e-30) / INT8_MAX
-    codes = _round_int8(y / scale[:, None, None])
+    scale = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-30) / INT8_MAX
+    codes = _round_int8(y / scale[:, None])
     head = FIRST + tl.arange(0, HEADS)
     bh = (row // L).to(tl.int64) * H + head
     token = row % L
     keep = head < H
-    channels = (2 * tl.arange(0, D // 2))[None, :, None] + tl.arange(0, 2)[None, None, :]
-    tl.store(out_ptr + ((bh * Lp + token) * D)[:, None, None] + channels, codes,
-             mask=keep[:, None, None])
+    tl.store(out_ptr + ((bh * Lp + token) * D)[:, None] + tl.arange(0, D)[None, :], codes,
+             mask=keep[:, None])
     tl.store(scale_ptr + bh * Lp + token, scale * score_scale, mask=keep)
 
 

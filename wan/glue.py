@@ -269,14 +269,15 @@ def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> t
 def head_parts(heads: int, head_dim: int) -> tuple[int, int, int] | None:
     """The launch of glue_kernels.rms_norm_rope_heads for rows of `heads` heads of `head_dim`
     channels: its two parts of power-of-two head counts (24 = 16 + 8, 40 = 32 + 8, 12 = 8 + 4;
-    the second at least 1, masked past the row) and its warps; None where head_dim is not a
-    power of two (the PyTorch statement runs). rms_norm_heads and the fp8 attention's
+    the second at least 1, masked past the row) and its warps (4: 2, 8 and 16 were no faster at
+    Wan's widths on the H100); None where head_dim is not a power of two (the PyTorch statement
+    runs). rms_norm_heads and the fp8 attention's
     normed_query_codes launch it alike, so that their sums run in the same order."""
     if heads < 1 or head_dim < 2 or head_dim & (head_dim - 1):
         return None
     first = 1 << (heads.bit_length() - 1)
     second = triton_next_power_of_2(heads - first) if heads > first else 1
-    return first, second, 4 if heads * head_dim <= 4096 else 8
+    return first, second, 4
 
 
 def rms_norm_heads(t: torch.Tensor, weight: torch.Tensor, eps: float, heads: int,

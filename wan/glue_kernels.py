@@ -187,29 +187,36 @@ def add_gated_kernel(x_ptr, y_ptr, gate_ptr, L, D, stride_xb, stride_xl, rows_pe
 
 @triton.jit
 def _heads_part(x_ptr, base, W, FIRST: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr):
-    """Heads FIRST..FIRST + HEADS of a row as float32 [HEADS, D / 2, 2] (a channel pair on one
-    thread; zeros past W) and their offsets in the row."""
-    offs = ((FIRST + tl.arange(0, HEADS))[:, None, None] * D
-            + (2 * tl.arange(0, D // 2))[None, :, None] + tl.arange(0, 2)[None, None, :])
-    x = tl.load(x_ptr + base + offs, mask=offs < W, other=0.0).to(tl.float32)
-    return x, offs
+    """Heads FIRST..FIRST + HEADS of a row (zeros past W) as float32 [HEADS, D] (contiguous, so
+    loaded in 16-byte vectors) and their offsets in the row."""
+    offs = (FIRST + tl.arange(0, HEADS))[:, None] * D + tl.arange(0, D)[None, :]
+    return tl.load(x_ptr + base + offs, mask=offs < W, other=0.0).to(tl.float32), offs
 
 
 @triton.jit
-def _squares(x):
-    return tl.sum(tl.sum(tl.sum(x * x, axis=2), axis=1), axis=0)
+def _row_squares(x_ptr, base, W, START: tl.constexpr, SIZE: tl.constexpr):
+    """The sum of squares of a row's channels START..START + SIZE (masked past W) from a load of
+    their own, in one dimension: the load's layout, and so the order of the sum, is then the
+    same in every kernel that calls this, whatever it does with the row after. (Summed over the
+    heads' tile, the order followed the tile's later use: the queries' int8 codes gave the tile
+    another layout than the bf16 store, and other bits.)"""
+    cols = START + tl.arange(0, SIZE)
+    x = tl.load(x_ptr + base + cols, mask=cols < W, other=0.0).to(tl.float32)
+    return tl.sum(x * x, axis=0)
 
 
 @triton.jit
 def _rotated_part(x, offs, rstd, w_ptr, cos_ptr, sin_ptr, angle, W, ROTATE: tl.constexpr):
-    """A part's channels normed, times the gain and (ROTATE) each pair rotated by the angles
-    `angle` [D / 2] of the token's tables, in float32 [HEADS, D / 2, 2]."""
+    """A part's channels [HEADS, D] normed, times the gain and (ROTATE) each pair rotated by the
+    angles `angle` [D / 2] of the token's tables (the pair on one thread), in float32."""
+    heads: tl.constexpr = x.shape[0]
+    d: tl.constexpr = x.shape[1]
     y = x * rstd * tl.load(w_ptr + offs, mask=offs < W, other=0.0)
     if ROTATE:
-        even, odd = tl.split(y)
+        even, odd = tl.split(tl.reshape(y, [heads, d // 2, 2]))
         c = tl.load(cos_ptr + angle)[None, :]
         s = tl.load(sin_ptr + angle)[None, :]
-        y = tl.join(even * c - odd * s, even * s + odd * c)
+        y = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), [heads, d])
     return y
 
 
@@ -220,13 +227,15 @@ def rms_norm_rope_heads(x_ptr, w_ptr, cos_ptr, sin_ptr, row, W, eps, rows_per_sa
     """Row `row` of x [B*L, W] (W = heads * D) normed over its whole width, times the gain and
     (ROTATE) each head's channel pair i rotated by the token's angle i, in float32. The heads as
     two parts of power-of-two counts (HEADS0, then HEADS1 masked past W; glue.head_parts), each
-    [heads, D / 2, 2] with its offsets in the row, and the row's first element's offset. A head's
+    [heads, D] with its offsets in the row, and the row's first element's offset. A head's
     pairs on neighbouring lanes, so its reductions are a warp's shuffles; the rotation's angles
     are loaded once for all heads."""
     base = row.to(tl.int64) * W
+    squares = (_row_squares(x_ptr, base, W, 0, HEADS0 * D)
+               + _row_squares(x_ptr, base, W, HEADS0 * D, HEADS1 * D))
+    rstd = 1.0 / tl.sqrt(squares / W + eps)
     x0, offs0 = _heads_part(x_ptr, base, W, 0, HEADS0, D)
     x1, offs1 = _heads_part(x_ptr, base, W, HEADS0, HEADS1, D)
-    rstd = 1.0 / tl.sqrt((_squares(x0) + _squares(x1)) / W + eps)
     angle = ((row % rows_per_sample + rope_start).to(tl.int64) * (D // 2)
              + tl.arange(0, D // 2))
     y0 = _rotated_part(x0, offs0, rstd, w_ptr, cos_ptr, sin_ptr, angle, W, ROTATE)

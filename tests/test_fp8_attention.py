@@ -410,7 +410,7 @@ def test_a_block_hands_the_fp8_backend_its_queries_before_their_norm(monkeypatch
     k, v = (torch.randn(1, 12, 2, 128).bfloat16() for _ in range(2))
     calls = []
 
-    def normed_query(q, weight, eps, heads, rope_, start, k_, v_):
+    def normed_query(q, weight, eps, heads, rope_, start, k_, v_, keys=None):
         calls.append((weight is attn.norm_q.weight, eps, heads, start))
         return sdpa(rms_norm_heads(q, weight, eps, heads, rope_, start), k_, v_)
     monkeypatch.setattr(dit, "fp8_attention_normed_query", normed_query)
@@ -419,6 +419,71 @@ def test_a_block_hands_the_fp8_backend_its_queries_before_their_norm(monkeypatch
         plain = attn.attend_rows(h, rope, 0, k, v, sdpa)
     assert calls == [(True, 1e-6, 2, 0)]
     assert torch.equal(fused, plain)
+
+
+def test_a_row_chunked_block_quantizes_the_keys_once_for_all_its_chunks(monkeypatch):
+    """An eager block attending chunk by chunk of query rows hands the fp8 backend the keys and
+    values quantized once (fp8_keys), not once per chunk; the phase computes what it computes
+    with any other backend."""
+    from wan_enhanced.wan import dit
+    from wan_enhanced.wan.configs import DiTConfig
+    from wan_enhanced.wan.glue import rms_norm_heads
+    from wan_enhanced.wan.rope import RotaryTable
+    from wan_enhanced.wan.sdpa import sdpa
+
+    cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)
+    torch.manual_seed(0)
+    block = dit.WanBlock(cfg)
+    x = torch.randn(1, 45, 256)
+    e0 = torch.randn(1, 1, 6, 256) * 0.1
+    rope = RotaryTable((3, 3, 5), cfg.rope_pairs)
+    made, handed = [], []
+    sentinel = object()
+
+    def keys_once(k, v):
+        made.append((k.shape, v.shape))
+        return sentinel
+
+    def normed_query(q, weight, eps, heads, rope_, start, k_, v_, keys=None):
+        handed.append((start, keys is sentinel))
+        return sdpa(rms_norm_heads(q, weight, eps, heads, rope_, start), k_, v_)
+    monkeypatch.setattr(dit, "fp8_keys", keys_once)
+    monkeypatch.setattr(dit, "fp8_attention_normed_query", normed_query)
+    with torch.no_grad():
+        fused = block.self_attention_phase(x.clone(), e0, rope, fa.fp8_attention, torch.float32,
+                                           attention_rows=16)
+        plain = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32,
+                                           attention_rows=16)
+    assert made == [(torch.Size([1, 45, 2, 128]),) * 2]
+    assert handed == [(0, True), (16, True), (32, True)]
+    assert torch.equal(fused, plain)
+
+
+def test_keys_are_quantized_ahead_only_where_the_kernel_takes_them():
+    """fp8_keys makes nothing off the GPU or for short keys (SDPA takes those)."""
+    k = torch.randn(1, 2048, 2, 128).bfloat16()
+    assert fa.fp8_keys(k, k) is None
+    if torch.cuda.is_available():
+        short = torch.randn(1, fa.MIN_KEYS - 1, 2, 128, device="cuda").bfloat16()
+        assert fa.fp8_keys(short, short) is None
+
+
+@pytest.mark.gpu
+def test_keys_quantized_once_give_each_chunk_of_queries_the_same_output():
+    """A chunk of query rows attending to keys quantized ahead (fp8_keys) gets the output it
+    gets when the call quantizes them itself, to the bit."""
+    _cuda_fp8_or_skip()
+    q, weight, rope = _projected_queries(1100, 2, 3, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    k, v = (torch.randn(1, 1100, 2, 128, generator=gen, device="cuda").bfloat16()
+            for _ in range(2))
+    keys = fa.fp8_keys(k, v)
+    assert keys is not None
+    for start, end in ((0, 500), (500, 1100)):
+        part = q[:, start:end].contiguous()
+        ahead = fa.fp8_attention_normed_query(part, weight, 1e-6, 2, rope, start, k, v, keys)
+        itself = fa.fp8_attention_normed_query(part, weight, 1e-6, 2, rope, start, k, v)
+        assert torch.equal(ahead, itself)
 
 
 @pytest.mark.gpu

@@ -27,7 +27,7 @@ from ..quant.rowwise import RowCodes
 from .attention import get_backend
 from .compiled_blocks import OwedUpdate, compiled_block_forward
 from .configs import DiTConfig
-from .fp8_attention import fp8_attention, fp8_attention_normed_query
+from .fp8_attention import fp8_attention, fp8_attention_normed_query, fp8_keys
 from .glue import (add_gated_, gelu_product_weights, layer_norm, linear_gelu, modulate, norm_affine,
                    norm_codes, norm_modulate, rms_norm_heads, takes_row_codes)
 from .rope import RotaryTable
@@ -133,14 +133,14 @@ class SelfAttention(nn.Module):
         return self._rotated(self.k(h), self.norm_k, rope, start), self._heads(self.v(h))
 
     def attend_rows(self, h: torch.Tensor, rope: RotaryTable, start: int, k, v,
-                    attend) -> torch.Tensor:
+                    attend, keys=None) -> torch.Tensor:
         """The attention output of rows start.. (h: their normed input) over all keys. The fp8
         backend takes the queries before their norm: it norms, rotates and quantizes them in
-        one pass."""
+        one pass; `keys`: k and v as it quantized them once for all chunks (fp8_keys)."""
         q = self.q(h)
         if attend is fp8_attention:
             out = fp8_attention_normed_query(q, self.norm_q.weight, self.norm_q.eps,
-                                             self.num_heads, rope, start, k, v)
+                                             self.num_heads, rope, start, k, v, keys)
         else:
             out = attend(self._rotated(q, self.norm_q, rope, start), k, v)
         return after_opaque(self.o, out.flatten(2))
@@ -265,11 +265,14 @@ class WanBlock(nn.Module):
 
         k, v = self._chunked_keys_values(x, chunks, normed, shift_sa, scale_sa, rope,
                                          compute_dtype)
+        self_attend = _self_attend(attend)
+        # the fp8 backend's quantized keys, made once for all the chunks
+        keys = fp8_keys(k, v) if self_attend is fp8_attention else None
         for start, end in chunks:
             out = attn.attend_rows(normed(start, end, shift_sa, scale_sa, (attn.q,)), rope,
-                                   start, k, v, _self_attend(attend))
+                                   start, k, v, self_attend, keys)
             add_gated_(x[:, start:end], out, rows(gate_sa, start, end))
-        del k, v, out
+        del k, v, keys, out
         return x
 
     def self_attention_update(self, x, e0, rope, attend, compute_dtype,

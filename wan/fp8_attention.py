@@ -115,6 +115,18 @@ def reference_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # -- the kernel ----------------------------------------------------------------------------------
 
 @dataclass
+class Fp8Keys:
+    """K (int8) and V (fp8) in the kernel's layouts (fp8_attention_kernels.py) and their scales:
+    what every chunk of query rows attending to the same keys takes (fp8_keys)."""
+    k8: torch.Tensor
+    vt: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    length: int
+    pv_fp8: bool
+
+
+@dataclass
 class Fp8Operands:
     """Q, K (int8), V (fp8) in the kernel's layouts (fp8_attention_kernels.py), their scales."""
     q8: torch.Tensor
@@ -158,17 +170,28 @@ def keys_values_operands(queries: tuple[torch.Tensor, torch.Tensor], k: torch.Te
                          v: torch.Tensor, pv_fp8: bool = True) -> Fp8Operands:
     """The kernel's operands: the queries' codes and scales already made (query_codes or
     normed_query_codes), k and v [B, L, heads, head_dim] quantized here."""
+    return with_queries(quantize_keys(k, v, pv_fp8), queries)
+
+
+def with_queries(keys: Fp8Keys, queries: tuple[torch.Tensor, torch.Tensor]) -> Fp8Operands:
+    """The kernel's operands of quantized keys and the queries' codes and scales."""
+    return Fp8Operands(q8=queries[0], k8=keys.k8, vt=keys.vt, q_scale=queries[1],
+                       k_scale=keys.k_scale, v_scale=keys.v_scale, length=keys.length,
+                       pv_fp8=keys.pv_fp8)
+
+
+def quantize_keys(k: torch.Tensor, v: torch.Tensor, pv_fp8: bool = True) -> Fp8Keys:
+    """k and v [B, L, heads, head_dim] as the kernel takes them (quantize_k_kernel,
+    quantize_vt_kernel)."""
     from . import fp8_attention_kernels as kernels
 
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     b, length, heads, dim = k.shape
     lp, bh = padded_length(length), b * heads
     fp8 = torch.float8_e4m3fn
-    ops = Fp8Operands(
-        q8=queries[0],
+    keys = Fp8Keys(
         k8=k.new_empty(bh, lp, dim, dtype=torch.int8),
         vt=k.new_empty(bh, dim, lp, dtype=fp8 if pv_fp8 else torch.bfloat16),
-        q_scale=queries[1],
         k_scale=k.new_empty(bh, lp // K_BLOCK, dtype=torch.float32),
         v_scale=(torch.linalg.vector_norm(v, ord=math.inf, dim=1, dtype=torch.float32)
                  .clamp_min(1e-30).div_(FP8_MAX).reshape(bh, dim).contiguous()
@@ -176,11 +199,11 @@ def keys_values_operands(queries: tuple[torch.Tensor, torch.Tensor], k: torch.Te
         length=length, pv_fp8=pv_fp8)
     k_mean = k.mean(dim=1, dtype=torch.float32).reshape(bh, dim).contiguous()
     grid = (lp // K_BLOCK, bh)
-    kernels.quantize_k_kernel[grid](k, k_mean, ops.k8, ops.k_scale, length, lp, heads,
+    kernels.quantize_k_kernel[grid](k, k_mean, keys.k8, keys.k_scale, length, lp, heads,
                                     *k.stride()[:3], BLOCK=K_BLOCK, D=dim)
-    kernels.quantize_vt_kernel[grid](v, ops.v_scale, ops.vt, length, lp, heads, *v.stride()[:3],
+    kernels.quantize_vt_kernel[grid](v, keys.v_scale, keys.vt, length, lp, heads, *v.stride()[:3],
                                      BLOCK=K_BLOCK, D=dim)
-    return ops
+    return keys
 
 
 KERNELS = ("auto", "portable", "hopper")
@@ -332,16 +355,34 @@ FP8_NORMED_QUERY_ATTENTION = kernel_operator(
 
 def fp8_attention_normed_query(q: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                                heads: int, rope, start: int, k: torch.Tensor,
-                               v: torch.Tensor) -> torch.Tensor:
+                               v: torch.Tensor, keys: Fp8Keys | None = None) -> torch.Tensor:
     """fp8_attention(rms_norm_heads(q, norm_weight, eps, heads, rope, start), k, v) for the
     projected queries q [B, Lq, W] before their norm: where the kernel takes these keys, the
     queries' norm, rotation and int8 codes are one pass (normed_query_codes) instead of two,
-    with the same codes (H100: bench/results/2026-11-26-h100-normed-query/)."""
+    with the same codes (H100: bench/results/2026-11-26-h100-normed-query/). `keys`: k and v
+    already quantized (fp8_keys, once for every chunk of query rows), the same output."""
     if (k.shape[1] < MIN_KEYS or q.dtype != torch.bfloat16 or not q.is_cuda
             or q.shape[-1] != heads * k.shape[-1] or 2 * rope.cos.shape[-1] != k.shape[-1]):
         return fp8_attention(rms_norm_heads(q, norm_weight, eps, heads, rope, start), k, v)
+    if keys is not None and not torch.compiler.is_compiling():
+        queries = normed_query_codes(q, norm_weight.float(), rope.cos, rope.sin, start, eps,
+                                     heads)
+        out = q.new_empty(q.shape[0], q.shape[1], k.shape[2], k.shape[3])
+        attend_quantized(with_queries(keys, queries), out)
+        return out
     return FP8_NORMED_QUERY_ATTENTION(q, norm_weight.float(), rope.cos, rope.sin, start, eps,
                                       k, v)
+
+
+def fp8_keys(k: torch.Tensor, v: torch.Tensor) -> Fp8Keys | None:
+    """k and v [B, L, heads, head_dim] quantized once for several calls of
+    fp8_attention_normed_query over chunks of query rows (eager blocks), where those calls take
+    them: keys long enough for the kernel, bf16 on a GPU, outside compiled graphs; else None.
+    Without them each chunk quantized all the keys again (5B 720p: 0.45 ms a chunk)."""
+    if (k.shape[1] < MIN_KEYS or k.dtype != torch.bfloat16 or not k.is_cuda
+            or torch.compiler.is_compiling()):
+        return None
+    return quantize_keys(k, v)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -335,11 +335,18 @@ def _padding_scale(score_scale: float) -> float:
 def _normed_query_attention(q: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor,
                             sin: torch.Tensor, start: int, eps: float, k: torch.Tensor,
                             v: torch.Tensor) -> torch.Tensor:
-    b, lq, width = q.shape
-    heads, dim = k.shape[2], k.shape[3]
-    ops = keys_values_operands(normed_query_codes(q, weight, cos, sin, start, eps, heads), k, v)
-    out = q.new_empty(b, lq, heads, dim)
-    attend_quantized(ops, out)
+    return _attend_normed_queries(q, weight, cos, sin, start, eps, quantize_keys(k, v),
+                                  k.shape[2])
+
+
+def _attend_normed_queries(q: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor,
+                           sin: torch.Tensor, start: int, eps: float, keys: Fp8Keys,
+                           heads: int) -> torch.Tensor:
+    """The kernel's output [B, Lq, heads, head_dim] for the projected queries q [B, Lq, W]
+    before their norm (normed_query_codes) over quantized keys."""
+    out = q.new_empty(q.shape[0], q.shape[1], heads, q.shape[2] // heads)
+    attend_quantized(with_queries(keys, normed_query_codes(q, weight, cos, sin, start, eps,
+                                                           heads)), out)
     return out
 
 
@@ -365,11 +372,8 @@ def fp8_attention_normed_query(q: torch.Tensor, norm_weight: torch.Tensor, eps: 
             or q.shape[-1] != heads * k.shape[-1] or 2 * rope.cos.shape[-1] != k.shape[-1]):
         return fp8_attention(rms_norm_heads(q, norm_weight, eps, heads, rope, start), k, v)
     if keys is not None and not torch.compiler.is_compiling():
-        queries = normed_query_codes(q, norm_weight.float(), rope.cos, rope.sin, start, eps,
-                                     heads)
-        out = q.new_empty(q.shape[0], q.shape[1], k.shape[2], k.shape[3])
-        attend_quantized(with_queries(keys, queries), out)
-        return out
+        return _attend_normed_queries(q, norm_weight.float(), rope.cos, rope.sin, start, eps,
+                                      keys, heads)
     return FP8_NORMED_QUERY_ATTENTION(q, norm_weight.float(), rope.cos, rope.sin, start, eps,
                                       k, v)
 
@@ -378,7 +382,8 @@ def fp8_keys(k: torch.Tensor, v: torch.Tensor) -> Fp8Keys | None:
     """k and v [B, L, heads, head_dim] quantized once for several calls of
     fp8_attention_normed_query over chunks of query rows (eager blocks), where those calls take
     them: keys long enough for the kernel, bf16 on a GPU, outside compiled graphs; else None.
-    Without them each chunk quantized all the keys again (5B 720p: 0.45 ms a chunk)."""
+    Without them each chunk quantized all the keys again
+    (bench/results/2026-11-26-h100-eager-keys-once/)."""
     if (k.shape[1] < MIN_KEYS or k.dtype != torch.bfloat16 or not k.is_cuda
             or torch.compiler.is_compiling()):
         return None

@@ -271,8 +271,8 @@ def head_parts(heads: int, head_dim: int) -> tuple[int, int, int] | None:
     channels: its two parts of power-of-two head counts (24 = 16 + 8, 40 = 32 + 8, 12 = 8 + 4;
     the second at least 1, masked past the row) and its warps (4: 2, 8 and 16 were no faster at
     Wan's widths on the H100); None where head_dim is not a power of two (the PyTorch statement
-    runs). rms_norm_heads and the fp8 attention's
-    normed_query_codes launch it alike, so that their sums run in the same order."""
+    runs). rms_norm_heads and the fp8 attention's normed_query_codes launch it alike, so that
+    their sums run in the same order."""
     if heads < 1 or head_dim < 2 or head_dim & (head_dim - 1):
         return None
     first = 1 << (heads.bit_length() - 1)

@@ -227,6 +227,51 @@ def test_row_chunked_blocks_equal_one_pass(monkeypatch, kind, timesteps):
     assert len(dit.row_chunks(tokens, 1)) == 7
 
 
+@pytest.mark.parametrize("rows", [16, 64])
+def test_each_chunk_hands_its_self_attention_update_to_its_cross_attention_norm(monkeypatch, rows):
+    """attention_phases: where the cross-attention's query takes fp8 codes, each row chunk's
+    self-attention update is added in that chunk's cross-attention norm pass (glue.norm_codes
+    with `pending`), not in a pass of its own; the result is the two phases one after the
+    other, to the bit."""
+    from wan_enhanced.wan import dit
+    from wan_enhanced.wan.configs import DiTConfig
+    from wan_enhanced.wan.glue import add_gated_, norm_affine
+    from wan_enhanced.wan.rope import RotaryTable
+    from wan_enhanced.wan.sdpa import sdpa
+
+    cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)
+    torch.manual_seed(0)
+    block = dit.WanBlock(cfg)
+    x = torch.randn(1, 45, 256)
+    e0 = torch.randn(1, 1, 6, 256) * 0.1
+    text = torch.randn(1, 5, 256)
+    rope = RotaryTable((3, 3, 5), cfg.rope_pairs)
+    handed, adds = [], []
+
+    def norm_codes(part, eps, dtype, norm=None, pending=None, **_):
+        handed.append(None if pending is None else (part.shape[1], pending.y.shape[1]))
+        if pending is not None:
+            add_gated_(part, *pending)
+        return norm_affine(part, norm, eps, dtype)
+
+    def counted_add(rows, y, gate):
+        adds.append(gate is not None)
+        return add_gated_(rows, y, gate)
+    monkeypatch.setattr(dit, "norm_codes", norm_codes)
+    monkeypatch.setattr(dit.WanBlock, "_query_takes_codes", lambda self, x: True)
+    with torch.no_grad():
+        phases = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, rows)
+        phases = block.cross_attention_phase(phases, text, None, sdpa, torch.float32, rows)
+        handed.clear()
+        monkeypatch.setattr(dit, "add_gated_", counted_add)
+        together = block.attention_phases(x.clone(), e0, rope, text, None, sdpa, torch.float32,
+                                          rows)
+    chunks = dit.row_chunks(45, 1, rows)
+    assert handed == [(end - start, end - start) for start, end in chunks]
+    assert adds == [False] * len(chunks)  # only the cross-attention's own updates
+    assert torch.equal(together, phases)
+
+
 def test_forward_leaves_its_inputs_alone():
     """The blocks update the residual stream in place; the caller's tensors are not touched."""
     model = _tiny()

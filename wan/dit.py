@@ -213,19 +213,38 @@ class WanBlock(nn.Module):
     def forward(self, x, e0, rope, context, image_context, attend, compute_dtype,
                 attention_rows: int | None = None):
         """x: float32 [B, L, D] residual stream, updated in place and returned; e0: float32
-        [B, G, 6, D] time projection. Self-attention, cross-attention, then the feed-forward,
-        each a phase of its own.
+        [B, G, 6, D] time projection. Self-attention, cross-attention, then the feed-forward.
 
-        Each phase runs over row chunks (row_chunks, ffn_chunks) and adds its output to those
-        rows of x at once. That is exact: a row's queries, norms and FFN depend on that row
+        The attentions run over row chunks (row_chunks), both on a chunk before the next
+        (attention_phases), the feed-forward over its own (ffn_chunks); each adds its output to
+        those rows of x at once. That is exact: a row's queries, norms and FFN depend on that row
         alone, and the self-attention keys and values, which depend on all rows, are made before
-        any row changes. attention_rows: the chunk size of the two attention phases (default
+        any row changes. attention_rows: the chunk size of the attentions (default
         ROW_CHUNK_TOKENS).
         """
-        x = self.self_attention_phase(x, e0, rope, attend, compute_dtype, attention_rows)
-        x = self.cross_attention_phase(x, context, image_context, attend, compute_dtype,
-                                       attention_rows)
+        x = self.attention_phases(x, e0, rope, context, image_context, attend, compute_dtype,
+                                  attention_rows)
         return self.feed_forward_phase(x, e0, compute_dtype)
+
+    def attention_phases(self, x, e0, rope, context, image_context, attend, compute_dtype,
+                         attention_rows: int | None = None):
+        """Self-attention, then cross-attention, added to x (in place; returned), row chunk by
+        row chunk: each chunk's self-attention update goes to that chunk's cross-attention,
+        which adds it in its norm's pass where its query takes fp8 codes (glue.norm_codes), not
+        in a pass of its own over x. The same as self_attention_phase then
+        cross_attention_phase: a row's cross-attention reads that row alone."""
+        codes = self._query_takes_codes(x)
+        text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
+
+        def crossed(rows, update):
+            pending = update
+            if not codes:
+                add_gated_(rows, *update)
+                pending = None
+            add_gated_(rows, self._cross_attended(rows, text_kv, image_kv, attend, compute_dtype,
+                                                  codes, pending), None)
+        return self.self_attention_phase(x, e0, rope, attend, compute_dtype, attention_rows,
+                                         crossed)
 
     def _modulated(self, e0):
         """shift, scale, gate of self-attention, then of the FFN: float32 [B, G, D] each."""
@@ -246,12 +265,14 @@ class WanBlock(nn.Module):
         return norm_modulate(rows, shift, scale, self.eps, compute_dtype)
 
     def self_attention_phase(self, x, e0, rope, attend, compute_dtype,
-                             attention_rows: int | None = None):
-        """Self-attention added to x (in place; returned)."""
+                             attention_rows: int | None = None, then=None):
+        """Self-attention added to x (in place; returned). `then(rows, update)`: what is done
+        with each row chunk's update (rows: those rows of x) instead of adding it."""
         length, groups = x.shape[1], e0.shape[1]
         chunks = row_chunks(length, groups, attention_rows)
+        then = then or _add_update
         if len(chunks) == 1:  # one pass: keys and values straight from the projections
-            add_gated_(x, *self.self_attention_update(x, e0, rope, attend, compute_dtype))
+            then(x, self.self_attention_update(x, e0, rope, attend, compute_dtype))
             return x
         shift_sa, scale_sa, gate_sa = self._modulated(e0)[:3]
 
@@ -271,7 +292,7 @@ class WanBlock(nn.Module):
         for start, end in chunks:
             out = attn.attend_rows(normed(start, end, shift_sa, scale_sa, (attn.q,)), rope,
                                    start, k, v, self_attend, keys)
-            add_gated_(x[:, start:end], out, rows(gate_sa, start, end))
+            then(x[:, start:end], ResidualUpdate(out, rows(gate_sa, start, end)))
         del k, v, keys, out
         return x
 
@@ -390,6 +411,10 @@ class WanBlock(nn.Module):
             k[:, start:end], v[:, start:end] = attn.keys_values(
                 normed(start, end, shift, scale, (attn.k, attn.v)), rope, start)
         return k, v
+
+
+def _add_update(rows: torch.Tensor, update: ResidualUpdate) -> None:
+    add_gated_(rows, *update)
 
 
 def after_opaque(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -237,12 +237,8 @@ class WanBlock(nn.Module):
         text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
 
         def crossed(rows, update):
-            pending = update
-            if not codes:
-                add_gated_(rows, *update)
-                pending = None
             add_gated_(rows, self._cross_attended(rows, text_kv, image_kv, attend, compute_dtype,
-                                                  codes, pending), None)
+                                                  codes, update), None)
         return self.self_attention_phase(x, e0, rope, attend, compute_dtype, attention_rows,
                                          crossed)
 
@@ -315,7 +311,7 @@ class WanBlock(nn.Module):
         the norm's codes where the query projection takes them: glue.norm_codes)."""
         chunks = row_chunks(x.shape[1], 1, attention_rows)
         codes = self._query_takes_codes(x)
-        if pending is not None and not (codes and len(chunks) == 1):
+        if pending is not None and len(chunks) != 1:  # owed to all rows: added before the chunks
             add_gated_(x, *pending)
             pending = None
         text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
@@ -331,9 +327,6 @@ class WanBlock(nn.Module):
         (the compiled blocks hand it to the FFN's norm: feed_forward_takes_update); `pending`
         is added to x first."""
         codes = self._query_takes_codes(x)
-        if pending is not None and not codes:
-            add_gated_(x, *pending)
-            pending = None
         text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
         return ResidualUpdate(self._cross_attended(x, text_kv, image_kv, attend, compute_dtype,
                                                    codes, pending), None)
@@ -342,8 +335,12 @@ class WanBlock(nn.Module):
         return self.norm3 is not None and takes_row_codes((self.cross_attn.q,), x)
 
     def _cross_attended(self, part, text_kv, image_kv, attend, compute_dtype, codes, pending):
-        """The cross-attention output of the rows `part` of x (`pending` added to them in the
-        pass of the norm's codes, where `codes`)."""
+        """The cross-attention output of the rows `part` of x, `pending` (an update owed to those
+        rows, or None) added to them first: in the pass of the norm's codes where `codes`, else
+        in a pass of its own."""
+        if pending is not None and not codes:
+            add_gated_(part, *pending)
+            pending = None
         if self.norm3 is None:
             h = part.to(compute_dtype)
         elif codes:

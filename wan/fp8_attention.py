@@ -147,7 +147,7 @@ def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
         raise ValueError(f"fp8 attention takes q [B, Lq, H, D] and k, v [B, L, H, D]; got "
                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-    return keys_values_operands(query_codes(q), k, v, pv_fp8)
+    return with_queries(quantize_keys(k, v, pv_fp8), query_codes(q))
 
 
 def query_codes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,15 +166,9 @@ def query_codes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
-def keys_values_operands(queries: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor,
-                         v: torch.Tensor, pv_fp8: bool = True) -> Fp8Operands:
-    """The kernel's operands: the queries' codes and scales already made (query_codes or
-    normed_query_codes), k and v [B, L, heads, head_dim] quantized here."""
-    return with_queries(quantize_keys(k, v, pv_fp8), queries)
-
-
 def with_queries(keys: Fp8Keys, queries: tuple[torch.Tensor, torch.Tensor]) -> Fp8Operands:
-    """The kernel's operands of quantized keys and the queries' codes and scales."""
+    """The kernel's operands of quantized keys (quantize_keys) and the queries' codes and
+    scales (query_codes or normed_query_codes)."""
     return Fp8Operands(q8=queries[0], k8=keys.k8, vt=keys.vt, q_scale=queries[1],
                        k_scale=keys.k_scale, v_scale=keys.v_scale, length=keys.length,
                        pv_fp8=keys.pv_fp8)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from wan_enhanced.bench.harness import device_name, save_result
+from wan_enhanced.bench.harness import bench_ms, device_name, save_result
 from wan_enhanced.wan import bf16_attention as ba, fp8_attention as fa
 from wan_enhanced.wan.attention import get_backend
 
@@ -51,11 +51,6 @@ def draw(length: int, heads: int, seed: int, device) -> tuple[torch.Tensor, ...]
     k = F.rms_norm(randn(1, length, heads, 128) + 1.0 * randn(1, 1, heads, 128), (128,)) * gain
     v = randn(1, length, heads, 128)
     return tuple(t.to(torch.bfloat16) for t in (q, k, v))
-
-
-def bench_ms(fn) -> float:
-    import triton.testing
-    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
 def errors(out: torch.Tensor, ref: torch.Tensor) -> dict:

@@ -184,6 +184,13 @@ class Run:
                 "allocated_before_bytes": self.allocated_before, "error": self.error}
 
 
+def bench_ms(fn: Callable[[], object], warmup: int = 50, rep: int = 300) -> float:
+    """A kernel's time in ms: Triton's do_bench median (warmup and rep in ms of calls; it
+    clears the L2 cache between calls)."""
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
 def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():

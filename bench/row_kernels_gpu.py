@@ -23,17 +23,12 @@ from pathlib import Path
 
 import torch
 
-from wan_enhanced.bench.harness import device_name, save_result
+from wan_enhanced.bench.harness import bench_ms, device_name, save_result
 from wan_enhanced.quant import fp8_rows
 from wan_enhanced.wan import compiled_blocks, glue
 
 # tokens, dim, ffn (a forward's tensors at the bench cases' sizes)
 SHAPES = {"5b": (27280, 3072, 14336), "1_3b": (32760, 1536, 8960), "14b": (75600, 5120, 13824)}
-
-
-def bench_ms(fn) -> float:
-    import triton.testing
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def copy_gbs(device) -> float:

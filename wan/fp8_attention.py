@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -127,16 +127,10 @@ class Fp8Keys:
 
 
 @dataclass
-class Fp8Operands:
-    """Q, K (int8), V (fp8) in the kernel's layouts (fp8_attention_kernels.py), their scales."""
+class Fp8Operands(Fp8Keys):
+    """The keys' operands (Fp8Keys) with Q's: q8 (int8) and q_scale in the kernel's layouts."""
     q8: torch.Tensor
-    k8: torch.Tensor
-    vt: torch.Tensor
     q_scale: torch.Tensor
-    k_scale: torch.Tensor
-    v_scale: torch.Tensor
-    length: int
-    pv_fp8: bool
 
 
 def quantize_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -169,9 +163,8 @@ def query_codes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def with_queries(keys: Fp8Keys, queries: tuple[torch.Tensor, torch.Tensor]) -> Fp8Operands:
     """The kernel's operands of quantized keys (quantize_keys) and the queries' codes and
     scales (query_codes or normed_query_codes)."""
-    return Fp8Operands(q8=queries[0], k8=keys.k8, vt=keys.vt, q_scale=queries[1],
-                       k_scale=keys.k_scale, v_scale=keys.v_scale, length=keys.length,
-                       pv_fp8=keys.pv_fp8)
+    return Fp8Operands(**{field.name: getattr(keys, field.name) for field in fields(Fp8Keys)},
+                       q8=queries[0], q_scale=queries[1])
 
 
 def quantize_keys(k: torch.Tensor, v: torch.Tensor, pv_fp8: bool = True) -> Fp8Keys:

@@ -272,6 +272,37 @@ def test_each_chunk_hands_its_self_attention_update_to_its_cross_attention_norm(
     assert torch.equal(together, phases)
 
 
+@pytest.mark.parametrize("rows", [16, 64])
+def test_a_chunk_norms_its_rows_once_where_q_k_and_v_take_the_codes(monkeypatch, rows):
+    """self_attention_phase over row chunks: where q, k and v all take the norm's fp8 codes, each
+    chunk's codes are made once, for its keys and values, and held for its queries instead of
+    being made again; the result is the same to the bit (the codes path stood in by the norm)."""
+    from wan_enhanced.wan import dit
+    from wan_enhanced.wan.glue import norm_modulate
+    from wan_enhanced.wan.rope import RotaryTable
+    from wan_enhanced.wan.sdpa import sdpa
+
+    cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)
+    torch.manual_seed(0)
+    block = dit.WanBlock(cfg)
+    x = torch.randn(1, 45, 256)
+    e0 = torch.randn(1, 1, 6, 256) * 0.1
+    rope = RotaryTable((3, 3, 5), cfg.rope_pairs)
+    normed = []
+
+    def norm_codes(part, eps, dtype, shift=None, scale=None, pending=None, **_):
+        normed.append(part.shape[1])
+        return norm_modulate(part, shift, scale, eps, dtype)
+    monkeypatch.setattr(dit, "norm_codes", norm_codes)
+    with torch.no_grad():
+        plain = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, rows)
+        assert normed == []  # no layer here takes codes: the norm in compute_dtype, per use
+        monkeypatch.setattr(dit, "takes_row_codes", lambda layers, x: True)
+        shared = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, rows)
+    assert normed == [end - start for start, end in dit.row_chunks(45, 1, rows)]
+    assert torch.equal(shared, plain)
+
+
 def test_forward_leaves_its_inputs_alone():
     """The blocks update the residual stream in place; the caller's tensors are not touched."""
     model = _tiny()

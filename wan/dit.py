@@ -280,14 +280,18 @@ class WanBlock(nn.Module):
         def normed(start, end, shift, scale, layers):
             return self._normed(x, start, end, shift, scale, compute_dtype, layers)
 
-        k, v = self._chunked_keys_values(x, chunks, normed, shift_sa, scale_sa, rope,
-                                         compute_dtype)
+        # where q, k and v all take the norm's fp8 codes, each chunk's codes are made once, for
+        # its keys and values, and held until its queries take them (1 byte a value)
+        shared = takes_row_codes((attn.q, attn.k, attn.v), x)
+        k, v, held = self._chunked_keys_values(x, chunks, normed, shift_sa, scale_sa, rope,
+                                               compute_dtype, shared)
         self_attend = _self_attend(attend)
         # the fp8 backend's quantized keys, made once for all the chunks
         keys = fp8_keys(k, v) if self_attend is fp8_attention else None
         for start, end in chunks:
-            out = attn.attend_rows(normed(start, end, shift_sa, scale_sa, (attn.q,)), rope,
-                                   start, k, v, self_attend, keys)
+            h = held.pop(0) if shared else normed(start, end, shift_sa, scale_sa, (attn.q,))
+            out = attn.attend_rows(h, rope, start, k, v, self_attend, keys)
+            del h
             then(x[:, start:end], ResidualUpdate(out, rows(gate_sa, start, end)))
         del k, v, keys, out
         return x
@@ -397,17 +401,24 @@ class WanBlock(nn.Module):
         return ffn_chunks(x.shape[1], e0.shape[1], self.ffn[0].out_features,
                           hidden_bytes(self.ffn[0], compute_dtype))
 
-    def _chunked_keys_values(self, x, chunks, normed, shift, scale, rope, compute_dtype):
-        """Self-attention keys and values of all rows, made chunk by chunk into buffers."""
+    def _chunked_keys_values(self, x, chunks, normed, shift, scale, rope, compute_dtype,
+                             hold: bool = False):
+        """Self-attention keys and values of all rows, made chunk by chunk into buffers, and
+        with `hold` each chunk's normed input (for q, k and v alike) in a list, in chunk order
+        (else the list is empty)."""
         attn = self.self_attn
         batch, length, dim = x.shape
         heads = (batch, length, attn.num_heads, dim // attn.num_heads)
         k = x.new_empty(heads, dtype=compute_dtype)
         v = x.new_empty(heads, dtype=compute_dtype)
+        layers = (attn.q, attn.k, attn.v) if hold else (attn.k, attn.v)
+        held = []
         for start, end in chunks:
-            k[:, start:end], v[:, start:end] = attn.keys_values(
-                normed(start, end, shift, scale, (attn.k, attn.v)), rope, start)
-        return k, v
+            h = normed(start, end, shift, scale, layers)
+            k[:, start:end], v[:, start:end] = attn.keys_values(h, rope, start)
+            if hold:
+                held.append(h)
+        return k, v, held
 
 
 def _add_update(rows: torch.Tensor, update: ResidualUpdate) -> None:

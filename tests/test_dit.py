@@ -272,11 +272,12 @@ def test_each_chunk_hands_its_self_attention_update_to_its_cross_attention_norm(
     assert torch.equal(together, phases)
 
 
-@pytest.mark.parametrize("rows", [16, 64])
+@pytest.mark.parametrize("rows", [8, 16, 64])
 def test_a_chunk_norms_its_rows_once_where_q_k_and_v_take_the_codes(monkeypatch, rows):
-    """self_attention_phase over row chunks: where q, k and v all take the norm's fp8 codes, each
-    chunk's codes are made once, for its keys and values, and held for its queries instead of
-    being made again; the result is the same to the bit (the codes path stood in by the norm)."""
+    """self_attention_phase over row chunks: where q, k and v all take the norm's fp8 codes and
+    there are at most HELD_CODE_CHUNKS chunks, each chunk's codes are made once, for its keys and
+    values, and held for its queries instead of being made again (over more chunks, made twice);
+    the result is the same to the bit (the codes path stood in by the norm)."""
     from wan_enhanced.wan import dit
     from wan_enhanced.wan.glue import norm_modulate
     from wan_enhanced.wan.rope import RotaryTable
@@ -299,7 +300,10 @@ def test_a_chunk_norms_its_rows_once_where_q_k_and_v_take_the_codes(monkeypatch,
         assert normed == []  # no layer here takes codes: the norm in compute_dtype, per use
         monkeypatch.setattr(dit, "takes_row_codes", lambda layers, x: True)
         shared = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, rows)
-    assert normed == [end - start for start, end in dit.row_chunks(45, 1, rows)]
+    chunks = dit.row_chunks(45, 1, rows)
+    once = [end - start for start, end in chunks]
+    assert normed == (once if len(chunks) <= dit.HELD_CODE_CHUNKS else once + once)
+    assert len(chunks) == {8: 6, 16: 3, 64: 1}[rows]
     assert torch.equal(shared, plain)
 
 

@@ -66,6 +66,14 @@ def mlp_fp32(layers: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
 # GiB of activations instead of 8.0, for 4% more time).
 ROW_CHUNK_TOKENS = 8192
 
+# An eager self-attention phase of at most this many row chunks holds every chunk's norm codes
+# (1 byte a value) from its keys' and values' pass until its queries take them, instead of a
+# second norm pass per chunk: all of them together are then at most what one chunk's queries and
+# attention output take (bf16: 4 bytes a value of one chunk), and the peak does not move (H100:
+# 5B and 1.3B, 4 chunks, the same peaks, 0.6% and 1.1% faster; held over 14B's 10 chunks they
+# raised its peak by 0.32 GiB; bench/results/2026-11-26-h100-eager-held-codes/).
+HELD_CODE_CHUNKS = 4
+
 # The feed-forward phase runs in one pass while its hidden activation (rows x ffn_dim, at the
 # bytes per element its first layer holds: hidden_bytes) stays under this many bytes, and in
 # equal chunks beyond: a 5B 720p block (0.8 GB in bf16) runs whole, a 14B 720p one (2.1 GB) in
@@ -281,8 +289,8 @@ class WanBlock(nn.Module):
             return self._normed(x, start, end, shift, scale, compute_dtype, layers)
 
         # where q, k and v all take the norm's fp8 codes, each chunk's codes are made once, for
-        # its keys and values, and held until its queries take them (1 byte a value)
-        shared = takes_row_codes((attn.q, attn.k, attn.v), x)
+        # its keys and values, and held until its queries take them (HELD_CODE_CHUNKS)
+        shared = len(chunks) <= HELD_CODE_CHUNKS and takes_row_codes((attn.q, attn.k, attn.v), x)
         k, v, held = self._chunked_keys_values(x, chunks, normed, shift_sa, scale_sa, rope,
                                                compute_dtype, shared)
         self_attend = _self_attend(attend)

@@ -16,8 +16,9 @@ HIDDEN = {"unique_id": "UNIQUE_ID"}
 OPTIONAL = {"keep_on_gpu": ("BOOLEAN", {"default": False, "tooltip": "keep the model on the GPU "
                                         "between nodes and runs instead of offloading it"})}
 COMPILE = ("BOOLEAN", {"default": False, "tooltip": "torch.compile the transformer blocks: "
-                       "about a quarter less time per step on a GPU, after a compile of tens of "
-                       "seconds for each new video size (needs Triton)"})
+                       "about 3% less time per step on an H100, but the first step of each new "
+                       "process and video size takes 7-15 s more; pays off only over many "
+                       "steps of one size in one ComfyUI process (needs Triton)"})
 
 DTYPE = ("auto: bf16 on a GPU, fp32 on a CPU (a CPU runs bf16 and fp16 many times slower than "
          "fp32); or bf16/fp16/fp32 as chosen")

@@ -15,7 +15,7 @@ print(f"setup {time.perf_counter() - t0:.1f} s", flush=True)
 
 def fwd():
     with torch.inference_mode():
-        out = model(noise, timestep, context, attention="fp8_triton", compiled=True)
+        out = model(noise, timestep, context, attention="fp8_triton", compiled=sys.argv[2] == "compiled")
     torch.cuda.synchronize()
     return out
 

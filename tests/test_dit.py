@@ -202,6 +202,69 @@ def test_row_chunks_cover_the_rows_in_whole_groups():
     assert row_chunks(45, 45, target=8) == [(s, min(s + 8, 45)) for s in range(0, 45, 8)]
 
 
+def test_row_chunks_hold_whole_waves_of_the_attention_kernel():
+    """With a unit (attention.wave_rows) every chunk but the last holds whole units and whole
+    groups, as many units as come nearest the target; past twice the target the unit is not
+    taken. The rows of Wan's eager phases on an H100 (132 multiprocessors) first."""
+    from wan_enhanced.wan.dit import row_chunks
+
+    def check(length, groups, target, unit, sizes, aligned=True):
+        chunks = row_chunks(length, groups, target, unit)
+        assert [end - start for start, end in chunks] == sizes
+        assert chunks[0][0] == 0 and chunks[-1][1] == length
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        per_group = length // groups if groups > 1 else 1
+        assert all(n % per_group == 0 for n in sizes[:-1])
+        assert aligned == all(n % unit == 0 for n in sizes[:-1])
+
+    # 5B (24 heads: 11 programs of 192 rows per head fill 2 waves): 4 chunks of 4 units
+    check(27280, 1, 8192, 2112, [8448, 8448, 8448, 1936])
+    # the same with one timestep per frame (31 frames of 880 rows): whole frames and units
+    check(27280, 31, 8192, 2112, [10560, 10560, 6160])
+    # 14B (40 heads: 33 programs per head fill 10 waves): units of 6336 rows
+    check(75600, 1, 8192, 6336, [6336] * 11 + [5904])
+    # frames of 9 rows and units of 12: chunks of 36 (at most twice the target of 20)
+    check(45, 5, 20, 12, [36, 9])
+    # a unit (or units with frames) past twice the target is not taken
+    check(45, 1, 8, 17, [8] * 5 + [5], aligned=False)
+    check(45, 5, 10, 12, [9] * 5, aligned=False)
+    assert row_chunks(100, 1, 100, 7) == [(0, 100)]  # one chunk stays one
+
+
+def test_the_self_attention_phase_chunks_its_rows_in_whole_waves(monkeypatch):
+    """self_attention_phase takes its row chunks in units of attention.wave_rows for the backend
+    it runs (stood in here: units of 6 rows), with the output of any other chunking to float32
+    rounding."""
+    from wan_enhanced.wan import dit
+    from wan_enhanced.wan.rope import RotaryTable
+    from wan_enhanced.wan.sdpa import sdpa
+
+    cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)
+    torch.manual_seed(0)
+    block = dit.WanBlock(cfg)
+    x = torch.randn(1, 45, 256)
+    e0 = torch.randn(1, 1, 6, 256) * 0.1
+    rope = RotaryTable((3, 3, 5), cfg.rope_pairs)
+    asked, sizes = [], []
+
+    def wave_rows(attend, batch_heads, head_dim, device, dtype):
+        asked.append((attend, batch_heads, head_dim, device.type, dtype))
+        return 6
+
+    def then(rows, update):
+        sizes.append(rows.shape[1])
+        add_gated_(rows, *update)
+    with torch.no_grad():
+        plain = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, 16, then)
+        assert sizes == [16, 16, 13]
+        sizes.clear()
+        monkeypatch.setattr(dit, "wave_rows", wave_rows)
+        waves = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, 16, then)
+    assert sizes == [18, 18, 9]
+    assert asked == [(sdpa, 2, 128, "cpu", torch.float32)]
+    assert (waves - plain).abs().max() <= 2e-6 * plain.abs().max()
+
+
 @pytest.mark.parametrize("kind,timesteps", [("t2v", "one"), ("ti2v", "per_frame"),
                                             ("ti2v", "per_token"), ("i2v", "one")])
 def test_row_chunked_blocks_equal_one_pass(monkeypatch, kind, timesteps):

@@ -511,3 +511,53 @@ def test_queries_normed_and_quantized_in_one_pass_are_the_two_passes_to_the_bit(
     compiled = torch.compile(fa.fp8_attention_normed_query, fullgraph=True)
     assert torch.equal(compiled(q, weight, 1e-6, heads, rope, start, k, v), expected)
     torch._dynamo.reset()
+
+
+def test_wave_rows_fill_whole_waves_of_the_multiprocessors(monkeypatch):
+    """attention.wave_rows: for our Hopper kernels, the query rows of the fewest row tiles whose
+    programs (one per batch entry, head and tile) are a multiple of the multiprocessors (132 on
+    an H100); None off those kernels and for other backends."""
+    from types import SimpleNamespace
+
+    from wan_enhanced.wan import attention, bf16_attention
+    from wan_enhanced.wan.sdpa import sdpa
+
+    cuda = torch.device("cuda")
+    assert attention.wave_rows(fa.fp8_attention, 24, 128, torch.device("cpu"),
+                               torch.bfloat16) is None
+    monkeypatch.setattr(fa, "hopper_rows_per_program", lambda device, head_dim: 192)
+    monkeypatch.setattr(bf16_attention, "hopper_rows_per_program",
+                        lambda device, head_dim, dtype: 128)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(multi_processor_count=132))
+    for heads, rows in ((24, 2112), (40, 6336), (12, 2112), (48, 2112), (2 * 24, 2112)):
+        unit = attention.wave_rows(fa.fp8_attention, heads, 128, cuda, torch.bfloat16)
+        assert unit == rows
+        tiles = unit // 192
+        assert tiles * heads % 132 == 0 and all(t * heads % 132 for t in range(1, tiles))
+    assert attention.wave_rows(bf16_attention.bf16_hopper_attention, 24, 128, cuda,
+                               torch.bfloat16) == 11 * 128
+    assert attention.wave_rows(sdpa, 24, 128, cuda, torch.bfloat16) is None
+
+
+@pytest.mark.gpu
+def test_wave_rows_of_the_kernels_on_this_gpu():
+    """On a Hopper GPU both kernels say their rows per program, and wave_rows' unit fills whole
+    waves of this GPU's multiprocessors at Wan's head counts."""
+    import math
+
+    from wan_enhanced.wan import attention, bf16_attention
+
+    cuda = torch.device("cuda")
+    if not fa._is_hopper(torch.cuda.current_device()):
+        pytest.skip("not a Hopper GPU")
+    sms = torch.cuda.get_device_properties(cuda).multi_processor_count
+    for attend, rows in ((fa.fp8_attention, fa.hopper_rows_per_program(cuda, 128)),
+                         (bf16_attention.bf16_hopper_attention,
+                          bf16_attention.hopper_rows_per_program(cuda, 128, torch.bfloat16))):
+        assert rows in (128, 192)
+        for heads in (12, 24, 40):
+            unit = attention.wave_rows(attend, heads, 128, cuda, torch.bfloat16)
+            assert unit == rows * sms // math.gcd(heads, sms)
+    assert fa.hopper_rows_per_program(cuda, 64) is None
+

@@ -45,6 +45,16 @@ def bf16_hopper_unavailable(device: torch.device, head_dim: int | None = None,
     return module if isinstance(module, str) else None
 
 
+def hopper_rows_per_program(device: torch.device, head_dim: int,
+                            dtype: torch.dtype) -> int | None:
+    """The query rows a program of the kernel takes, where it runs on `device` for this head_dim
+    and compute dtype (a program fills a multiprocessor's registers: one at a time on each);
+    None where it does not."""
+    if _FAILED or bf16_hopper_unavailable(device, head_dim, dtype) is not None:
+        return None
+    return _kernel_module().ROWS_PER_PROGRAM
+
+
 def bf16_hopper_fallback(reason: str) -> str:
     """What is said when bf16_hopper cannot run (here, or by the loader at load time)."""
     return f"attention 'bf16_hopper' cannot run here: {reason}; using SDPA (cuDNN first) instead"

@@ -27,6 +27,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 BLOCK_N = 128  # keys per block
 BLOCK_M = 64  # query rows per consumer group (one wgmma row tile); a program takes 128
+ROWS_PER_PROGRAM = 2 * BLOCK_M  # query rows a program takes (its two groups')
 STAGES = 3  # key/value buffers, 64 KiB each in 16 bits (2 were much slower on the H100)
 CONSUMER_REGS = 240
 MAX_REGS = 168  # per thread at launch: 12 warps (4 + 4 + the producer's group) x 32 x 168 fit
@@ -202,7 +203,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     q_desc = _descriptor(q.view(b * lq, heads * dim), [BLOCK_M, dim])
     k_desc = _descriptor(k.view(b * length, heads * dim), [BLOCK_N, dim])
     v_desc = _descriptor(v.view(b * length, heads * dim), [BLOCK_N, dim])
-    hopper_bf16_attention_kernel[(-(-lq // (2 * BLOCK_M)), b * heads)](
+    hopper_bf16_attention_kernel[(-(-lq // ROWS_PER_PROGRAM), b * heads)](
         q_desc, k_desc, v_desc, out, LOG2E / math.sqrt(dim), length, lq, heads,
         *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
         CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS)

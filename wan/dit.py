@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..quant.gelu_fp8 import gelu_quantize_in_pieces
 from ..quant.linear import layer_output_bytes
 from ..quant.rowwise import RowCodes
-from .attention import get_backend
+from .attention import get_backend, wave_rows
 from .compiled_blocks import OwedUpdate, compiled_block_forward
 from .configs import DiTConfig
 from .fp8_attention import fp8_attention, fp8_attention_normed_query, fp8_keys
@@ -82,14 +82,21 @@ HELD_CODE_CHUNKS = 4
 FFN_HIDDEN_BYTES = 1 << 30
 
 
-def row_chunks(length: int, groups: int, target: int | None = None) -> list[tuple[int, int]]:
+def row_chunks(length: int, groups: int, target: int | None = None,
+               unit: int | None = None) -> list[tuple[int, int]]:
     """Row ranges [start, end) covering 0..length. With several timestep groups (per frame or
-    per token) each range holds whole groups, so its modulation is a slice of the group tables."""
+    per token) each range holds whole groups, so its modulation is a slice of the group tables.
+    With `unit` (attention.wave_rows: query rows that fill whole waves of the GPU) each range but
+    the last also holds a multiple of it, the multiple nearest `target`, where one holding both
+    whole groups and whole units is at most twice `target` (else unit is not taken)."""
     target = ROW_CHUNK_TOKENS if target is None else target
     if length <= target:
         return [(0, length)]
     per_group = length // groups if groups > 1 else 1
     step = max(1, target // per_group) * per_group
+    both = math.lcm(per_group, unit) if unit else None
+    if both is not None and both <= 2 * target:
+        step = max(1, round(target / both)) * both
     return [(start, min(start + step, length)) for start in range(0, length, step)]
 
 
@@ -273,7 +280,12 @@ class WanBlock(nn.Module):
         """Self-attention added to x (in place; returned). `then(rows, update)`: what is done
         with each row chunk's update (rows: those rows of x) instead of adding it."""
         length, groups = x.shape[1], e0.shape[1]
-        chunks = row_chunks(length, groups, attention_rows)
+        attn = self.self_attn
+        self_attend = _self_attend(attend)
+        # chunks of query rows whose attention kernel launches fill whole waves of the GPU
+        unit = wave_rows(self_attend, x.shape[0] * attn.num_heads, x.shape[2] // attn.num_heads,
+                         x.device, compute_dtype)
+        chunks = row_chunks(length, groups, attention_rows, unit)
         then = then or _add_update
         if len(chunks) == 1:  # one pass: keys and values straight from the projections
             then(x, self.self_attention_update(x, e0, rope, attend, compute_dtype))
@@ -283,8 +295,6 @@ class WanBlock(nn.Module):
         def rows(table, start, end):
             return group_rows(table, start, end, length)
 
-        attn = self.self_attn
-
         def normed(start, end, shift, scale, layers):
             return self._normed(x, start, end, shift, scale, compute_dtype, layers)
 
@@ -293,7 +303,6 @@ class WanBlock(nn.Module):
         shared = len(chunks) <= HELD_CODE_CHUNKS and takes_row_codes((attn.q, attn.k, attn.v), x)
         k, v, held = self._chunked_keys_values(x, chunks, normed, shift_sa, scale_sa, rope,
                                                compute_dtype, shared)
-        self_attend = _self_attend(attend)
         # the fp8 backend's quantized keys, made once for all the chunks
         keys = fp8_keys(k, v) if self_attend is fp8_attention else None
         for start, end in chunks:

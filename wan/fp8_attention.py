@@ -214,6 +214,17 @@ def _on_hopper(t: torch.Tensor) -> bool:
 _HOPPER_FAILED: list[str] = []  # the first launch's error, if it had one
 
 
+def hopper_rows_per_program(device: torch.device, head_dim: int) -> int | None:
+    """The query rows a program of the Hopper kernel takes, where that kernel runs this
+    backend's self-attention on `device` (a program fills a multiprocessor's registers: one at a
+    time on each); None where it does not."""
+    if (device.type != "cuda" or head_dim != 128 or not _is_hopper(device.index or 0)
+            or _HOPPER_FAILED):
+        return None
+    module = _hopper_module()
+    return None if isinstance(module, str) else module.ROWS_PER_PROGRAM
+
+
 def hopper_kernel_unavailable(ops: Fp8Operands, out: torch.Tensor) -> str | None:
     """Why the Hopper kernel (fp8_attention_hopper) cannot take these operands, or None."""
     if not _on_hopper(out):

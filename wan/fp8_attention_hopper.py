@@ -40,6 +40,7 @@ from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2, key_order
 BLOCK_N = K_BLOCK.value  # keys per block: the key scales' block
 BLOCK_M = 64  # query rows per consumer group (one warp group's tensor-core tile)
 GROUPS = 3  # consumer groups: a program takes GROUPS * BLOCK_M query rows
+ROWS_PER_PROGRAM = GROUPS * BLOCK_M
 STAGES = 3  # key/value buffers (2 and 4 were no faster on the H100: bench/results/)
 CONSUMER_REGS = 160  # per consumer thread; the producer's 4 warps keep the rest (32)
 MAX_REGS = 128  # per thread at launch: 16 warps x 32 x 128 fill the register file
@@ -242,7 +243,7 @@ def attend(ops, out: torch.Tensor) -> None:
     q_desc = _descriptor(ops.q8.view(bh * lqp, dim), [BLOCK_M, dim], gl.int8)
     k_desc = _descriptor(ops.k8.view(bh * lp, dim), [BLOCK_N, dim], gl.int8)
     v_desc = _descriptor(ops.vt.view(bh * dim, lp), [dim, BLOCK_N], gl.float8e4nv)
-    hopper_attention_kernel[(-(-lq // (GROUPS * BLOCK_M)), bh)](
+    hopper_attention_kernel[(-(-lq // ROWS_PER_PROGRAM), bh)](
         q_desc, k_desc, v_desc, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length, lp, lq,
         lqp, heads, *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         GROUPS=GROUPS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS)

@@ -2,9 +2,9 @@
 cross-attention, feed-forward) a compiled graph of its own, made once per process and shared by
 every block of every model: the weights are graph inputs, so 30 or 40 blocks reuse the compiled
 graphs. They fuse the float32 norms, modulation, RoPE and gated residuals around the matrix and
-attention kernels into a few Triton kernels: on an H100 a forward takes 3-5% less time than the
-eager blocks with their own one-pass kernels, and a process's first step with a new video size
-7-15 s more (bench/results/2026-11-26-h100-eager-or-compiled/).
+attention kernels into a few Triton kernels: a forward takes a little less time than the eager
+blocks with their own one-pass kernels, and a process's first step with a new video size some
+seconds more (bench/results/2026-11-26-h100-eager-or-compiled/ has both).
 
 A graph per phase, not one per block: a compiled graph updates the residual stream out of place
 and writes it back at its end, so a graph spanning two residual updates holds a float32 working

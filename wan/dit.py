@@ -69,9 +69,9 @@ ROW_CHUNK_TOKENS = 8192
 # An eager self-attention phase of at most this many row chunks holds every chunk's norm codes
 # (1 byte a value) from its keys' and values' pass until its queries take them, instead of a
 # second norm pass per chunk: all of them together are then at most what one chunk's queries and
-# attention output take (bf16: 4 bytes a value of one chunk), and the peak does not move (H100:
-# 5B and 1.3B, 4 chunks, the same peaks, 0.6% and 1.1% faster; held over 14B's 10 chunks they
-# raised its peak by 0.32 GiB; bench/results/2026-11-26-h100-eager-held-codes/).
+# attention output take (bf16: 4 bytes a value of one chunk). Measured: faster at 5B and 1.3B
+# (4 chunks) with the same peaks; over 14B's chunks the held codes raised the peak
+# (bench/results/2026-11-26-h100-eager-held-codes/).
 HELD_CODE_CHUNKS = 4
 
 # The feed-forward phase runs in one pass while its hidden activation (rows x ffn_dim, at the

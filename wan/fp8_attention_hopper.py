@@ -40,7 +40,7 @@ from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2, key_order
 BLOCK_N = K_BLOCK.value  # keys per block: the key scales' block
 BLOCK_M = 64  # query rows per consumer group (one warp group's tensor-core tile)
 GROUPS = 3  # consumer groups: a program takes GROUPS * BLOCK_M query rows
-ROWS_PER_PROGRAM = GROUPS * BLOCK_M
+ROWS_PER_PROGRAM = GROUPS * BLOCK_M  # query rows a program takes
 STAGES = 3  # key/value buffers (2 and 4 were no faster on the H100: bench/results/)
 CONSUMER_REGS = 160  # per consumer thread; the producer's 4 warps keep the rest (32)
 MAX_REGS = 128  # per thread at launch: 16 warps x 32 x 128 fill the register file

@@ -13,6 +13,7 @@ from wan_enhanced.wan.glue import add_gated_
 from wan_enhanced.wan.compiled_blocks import OwedUpdate, compiled_block_forward
 from wan_enhanced.wan.dit import WanDiT, group_timesteps, sinusoidal_embedding
 from wan_enhanced.wan.rope import RotaryTable, rope_angles
+from tiny_sets import tiny_block
 
 
 @pytest.mark.parametrize("name", ["dit_wan21", "dit_wan22_ti2v"])
@@ -236,15 +237,9 @@ def test_the_self_attention_phase_chunks_its_rows_in_whole_waves(monkeypatch):
     it runs (stood in here: units of 6 rows), with the output of any other chunking to float32
     rounding."""
     from wan_enhanced.wan import dit
-    from wan_enhanced.wan.rope import RotaryTable
     from wan_enhanced.wan.sdpa import sdpa
 
-    cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)
-    torch.manual_seed(0)
-    block = dit.WanBlock(cfg)
-    x = torch.randn(1, 45, 256)
-    e0 = torch.randn(1, 1, 6, 256) * 0.1
-    rope = RotaryTable((3, 3, 5), cfg.rope_pairs)
+    block, x, e0, _, rope = tiny_block()
     asked, sizes = [], []
 
     def wave_rows(attend, batch_heads, head_dim, device, dtype):
@@ -297,18 +292,10 @@ def test_each_chunk_hands_its_self_attention_update_to_its_cross_attention_norm(
     with `pending`), not in a pass of its own; the result is the two phases one after the
     other, to the bit."""
     from wan_enhanced.wan import dit
-    from wan_enhanced.wan.configs import DiTConfig
     from wan_enhanced.wan.glue import add_gated_, norm_affine
-    from wan_enhanced.wan.rope import RotaryTable
     from wan_enhanced.wan.sdpa import sdpa
 
-    cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)
-    torch.manual_seed(0)
-    block = dit.WanBlock(cfg)
-    x = torch.randn(1, 45, 256)
-    e0 = torch.randn(1, 1, 6, 256) * 0.1
-    text = torch.randn(1, 5, 256)
-    rope = RotaryTable((3, 3, 5), cfg.rope_pairs)
+    block, x, e0, text, rope = tiny_block()
     handed, adds = [], []
 
     def norm_codes(part, eps, dtype, norm=None, pending=None, **_):
@@ -343,15 +330,9 @@ def test_a_chunk_norms_its_rows_once_where_q_k_and_v_take_the_codes(monkeypatch,
     the result is the same to the bit (the codes path stood in by the norm)."""
     from wan_enhanced.wan import dit
     from wan_enhanced.wan.glue import norm_modulate
-    from wan_enhanced.wan.rope import RotaryTable
     from wan_enhanced.wan.sdpa import sdpa
 
-    cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)
-    torch.manual_seed(0)
-    block = dit.WanBlock(cfg)
-    x = torch.randn(1, 45, 256)
-    e0 = torch.randn(1, 1, 6, 256) * 0.1
-    rope = RotaryTable((3, 3, 5), cfg.rope_pairs)
+    block, x, e0, _, rope = tiny_block()
     normed = []
 
     def norm_codes(part, eps, dtype, shift=None, scale=None, pending=None, **_):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from wan_enhanced import gpu_support
 from wan_enhanced.wan import attention, fp8_attention as fa
+from tiny_sets import tiny_block
 
 
 def _qkv(length, heads=2, seed=0, spread=1.0, device="cpu"):
@@ -426,17 +427,10 @@ def test_a_row_chunked_block_quantizes_the_keys_once_for_all_its_chunks(monkeypa
     values quantized once (fp8_keys), not once per chunk; the phase computes what it computes
     with any other backend."""
     from wan_enhanced.wan import dit
-    from wan_enhanced.wan.configs import DiTConfig
     from wan_enhanced.wan.glue import rms_norm_heads
-    from wan_enhanced.wan.rope import RotaryTable
     from wan_enhanced.wan.sdpa import sdpa
 
-    cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)
-    torch.manual_seed(0)
-    block = dit.WanBlock(cfg)
-    x = torch.randn(1, 45, 256)
-    e0 = torch.randn(1, 1, 6, 256) * 0.1
-    rope = RotaryTable((3, 3, 5), cfg.rope_pairs)
+    block, x, e0, _, rope = tiny_block()
     made, handed = [], []
     sentinel = object()
 

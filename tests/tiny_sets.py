@@ -1,7 +1,11 @@
 """The tiny model folders several test files share (written once per session by the fixtures in
-conftest.py): one Wan2.2 TI2V-5B set, and one set holding every model kind."""
+conftest.py): one Wan2.2 TI2V-5B set, and one set holding every model kind; and one DiT block
+with its inputs (tiny_block)."""
 
 from pathlib import Path
+from typing import NamedTuple
+
+import torch
 
 from wan_enhanced.checkpoints import tiny
 
@@ -31,3 +35,27 @@ def write_all_kinds(root: Path) -> Path:
     (root / "clip_vision").mkdir()
     tiny.write_clip_vision(root / "clip_vision" / CLIP, TINY_CLIP)
     return root
+
+
+class TinyBlock(NamedTuple):
+    block: torch.nn.Module  # dit.WanBlock of 2 heads of 128, random weights
+    x: torch.Tensor  # float32 [1, 45, 256]: 45 rows, a grid of 3 x 3 x 5 tokens
+    e0: torch.Tensor  # [1, 1, 6, 256] time projection (one timestep group)
+    text: torch.Tensor  # [1, 5, 256] text rows
+    rope: object  # the grid's RotaryTable
+
+
+def tiny_block() -> TinyBlock:
+    """One DiT block on the CPU and its inputs, the same on every call (seed 0)."""
+    from wan_enhanced.wan.configs import DiTConfig
+    from wan_enhanced.wan.dit import WanBlock
+    from wan_enhanced.wan.rope import RotaryTable
+
+    cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)
+    torch.manual_seed(0)
+    block = WanBlock(cfg)
+    x = torch.randn(1, 45, 256)
+    e0 = torch.randn(1, 1, 6, 256) * 0.1
+    text = torch.randn(1, 5, 256)
+    return TinyBlock(block, x, e0, text, RotaryTable((3, 3, 5), cfg.rope_pairs))
+

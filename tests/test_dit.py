@@ -205,8 +205,9 @@ def test_row_chunks_cover_the_rows_in_whole_groups():
 
 def test_row_chunks_hold_whole_waves_of_the_attention_kernel():
     """With a unit (attention.wave_rows) every chunk but the last holds whole units and whole
-    groups, as many units as come nearest the target; past twice the target the unit is not
-    taken. The rows of Wan's eager phases on an H100 (132 multiprocessors) first."""
+    groups, as many units as come nearest the target; where whole units and groups together
+    pass 1.5 times the target the unit is not taken. The rows of Wan's eager phases on an H100
+    (132 multiprocessors) first."""
     from wan_enhanced.wan.dit import row_chunks
 
     def check(length, groups, target, unit, sizes, aligned=True):
@@ -224,11 +225,13 @@ def test_row_chunks_hold_whole_waves_of_the_attention_kernel():
     check(27280, 31, 8192, 2112, [10560, 10560, 6160])
     # 14B (40 heads: 33 programs per head fill 10 waves): units of 6336 rows
     check(75600, 1, 8192, 6336, [6336] * 11 + [5904])
-    # frames of 9 rows and units of 12: chunks of 36 (at most twice the target of 20)
-    check(45, 5, 20, 12, [36, 9])
-    # a unit (or units with frames) past twice the target is not taken
-    check(45, 1, 8, 17, [8] * 5 + [5], aligned=False)
-    check(45, 5, 10, 12, [9] * 5, aligned=False)
+    # frames of 9 rows and units of 12: chunks of 36 (1.5 times the target of 24)
+    check(45, 5, 24, 12, [36, 9])
+    # a unit (or units with frames) past 1.5 times the target is not taken
+    check(45, 1, 8, 13, [8] * 5 + [5], aligned=False)
+    check(45, 5, 20, 12, [18, 18, 9], aligned=False)
+    # bf16_hopper's units (11 programs of 128 rows at 24 heads) with 5B's frames of 880 rows
+    check(27280, 31, 8192, 1408, [7040] * 3 + [6160])
     assert row_chunks(100, 1, 100, 7) == [(0, 100)]  # one chunk stays one
 
 

@@ -88,14 +88,15 @@ def row_chunks(length: int, groups: int, target: int | None = None,
     per token) each range holds whole groups, so its modulation is a slice of the group tables.
     With `unit` (attention.wave_rows: query rows that fill whole waves of the GPU) each range but
     the last also holds a multiple of it, the multiple nearest `target`, where one holding both
-    whole groups and whole units is at most twice `target` (else unit is not taken)."""
+    whole groups and whole units is at most 1.5 times `target`, which bounds what a chunk's
+    temporaries may grow by (else unit is not taken)."""
     target = ROW_CHUNK_TOKENS if target is None else target
     if length <= target:
         return [(0, length)]
     per_group = length // groups if groups > 1 else 1
     step = max(1, target // per_group) * per_group
     both = math.lcm(per_group, unit) if unit else None
-    if both is not None and both <= 2 * target:
+    if both is not None and 2 * both <= 3 * target:
         step = max(1, round(target / both)) * both
     return [(start, min(start + step, length)) for start in range(0, length, step)]
 

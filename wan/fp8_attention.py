@@ -207,22 +207,33 @@ def _is_hopper(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
+def _hopper_device(device: torch.device) -> bool:
+    return device.type == "cuda" and _is_hopper(device.index or 0)
+
+
 def _on_hopper(t: torch.Tensor) -> bool:
-    return t.is_cuda and _is_hopper(t.device.index or 0)
+    return _hopper_device(t.device)
 
 
 _HOPPER_FAILED: list[str] = []  # the first launch's error, if it had one
+
+
+def _hopper_build_problem() -> str | None:
+    """Why the Hopper kernel's module cannot serve (this Triton does not import or build it), or
+    None."""
+    module = _hopper_module()
+    if isinstance(module, str):
+        return module
+    return _HOPPER_FAILED[0] if _HOPPER_FAILED else None
 
 
 def hopper_rows_per_program(device: torch.device, head_dim: int) -> int | None:
     """The query rows a program of the Hopper kernel takes, where that kernel runs this
     backend's self-attention on `device` (a program fills a multiprocessor's registers: one at a
     time on each); None where it does not."""
-    if (device.type != "cuda" or head_dim != 128 or not _is_hopper(device.index or 0)
-            or _HOPPER_FAILED):
+    if not _hopper_device(device) or head_dim != 128 or _hopper_build_problem() is not None:
         return None
-    module = _hopper_module()
-    return None if isinstance(module, str) else module.ROWS_PER_PROGRAM
+    return _hopper_module().ROWS_PER_PROGRAM
 
 
 def hopper_kernel_unavailable(ops: Fp8Operands, out: torch.Tensor) -> str | None:
@@ -235,12 +246,7 @@ def hopper_kernel_unavailable(ops: Fp8Operands, out: torch.Tensor) -> str | None
         return f"it takes head_dim 128; these operands have {out.shape[-1]}"
     if ops.length <= K_BLOCK:
         return f"it needs more than {K_BLOCK} keys; these are {ops.length}"
-    module = _hopper_module()
-    if isinstance(module, str):
-        return module
-    if _HOPPER_FAILED:
-        return _HOPPER_FAILED[0]
-    return None
+    return _hopper_build_problem()
 
 
 def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = None,

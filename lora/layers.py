@@ -17,7 +17,7 @@ How the terms are computed is chosen per call, by cost:
 - otherwise (few rows, or the fp8 and int8 kernels, whose codes must stay as stored): the terms
   are added to the base's output in place, the up-projection and the addition in one matrix
   product (addmm_).
-For fp8 matmuls the wrapper keeps the layer's fast feed-forward path (wan/dit.py feed_forward):
+For fp8 matmuls the wrapper keeps the layer's fast feed-forward path (wan/dit_ffn.py feed_forward):
 the base still takes the GELU and the first layer's bias into its fp8 input step. Then
 - for an input of many rows, the layer's codes with the low-rank terms added are requantized
   for the call (lora/fp8_sum.py: one pass over the codes, the numbers a merge gives) and the
@@ -93,7 +93,7 @@ class LoraLinear(nn.Module):
         return bias
 
     def output_bytes(self, dtype: torch.dtype) -> int:
-        """What the base layer's forward holds per output element (dit.hidden_bytes sizes the
+        """What the base layer's forward holds per output element (chunks.hidden_bytes sizes the
         FFN's chunks by it): the terms come on top of the base's output."""
         return layer_output_bytes(self.base, dtype)
 
@@ -193,7 +193,7 @@ class LoraFp8Linear(LoraLinear):
 
     def products_without_bias(self, rows: int):
         """scaled_forward_without_bias for row ranges of one input of `rows` rows (an FFN's
-        hidden activation made in pieces, dit.hidden_codes): where the terms are summed into
+        hidden activation made in pieces, dit_ffn.hidden_codes): where the terms are summed into
         the layer's codes, the sum is formed once for all the ranges, not once per range."""
         summed = self._summed_codes(rows)
 

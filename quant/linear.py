@@ -111,7 +111,7 @@ class QuantizedLinear(nn.Module):
 
     def output_bytes(self, dtype: torch.dtype) -> int:
         """Bytes per output element the forward holds at its peak, output in `dtype` included
-        (the FFN's row chunks are sized by it: dit.ffn_chunks)."""
+        (the FFN's row chunks are sized by it: chunks.ffn_chunks)."""
         return dtype.itemsize
 
     def extra_repr(self) -> str:

@@ -193,7 +193,7 @@ def test_known_configs_build_on_meta_with_manifest_shapes():
 
 
 def test_row_chunks_cover_the_rows_in_whole_groups():
-    from wan_enhanced.wan.dit import row_chunks
+    from wan_enhanced.wan.chunks import row_chunks
     assert row_chunks(100, 1, target=100) == [(0, 100)]
     assert row_chunks(45, 1, target=8) == [(s, min(s + 8, 45)) for s in range(0, 45, 8)]
     # 5 frames of 9 tokens: chunks of whole frames (two frames of 9 fit in 20 rows)
@@ -208,7 +208,7 @@ def test_row_chunks_hold_whole_waves_of_the_attention_kernel():
     groups, as many units as come nearest the target; where whole units and groups together
     pass 1.5 times the target the unit is not taken. The rows of Wan's eager phases on an H100
     (132 multiprocessors) first."""
-    from wan_enhanced.wan.dit import row_chunks
+    from wan_enhanced.wan.chunks import row_chunks
 
     def check(length, groups, target, unit, sizes, aligned=True):
         chunks = row_chunks(length, groups, target, unit)
@@ -239,7 +239,7 @@ def test_the_self_attention_phase_chunks_its_rows_in_whole_waves(monkeypatch):
     """self_attention_phase takes its row chunks in units of attention.wave_rows for the backend
     it runs (stood in here: units of 6 rows), with the output of any other chunking to float32
     rounding."""
-    from wan_enhanced.wan import dit
+    from wan_enhanced.wan import dit_block
     from wan_enhanced.wan.sdpa import sdpa
 
     block, x, e0, _, rope = tiny_block()
@@ -256,7 +256,7 @@ def test_the_self_attention_phase_chunks_its_rows_in_whole_waves(monkeypatch):
         plain = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, 16, then)
         assert sizes == [16, 16, 13]
         sizes.clear()
-        monkeypatch.setattr(dit, "wave_rows", wave_rows)
+        monkeypatch.setattr(dit_block, "wave_rows", wave_rows)
         waves = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, 16, then)
     assert sizes == [18, 18, 9]
     assert asked == [(sdpa, 2, 128, "cpu", torch.float32)]
@@ -268,7 +268,7 @@ def test_the_self_attention_phase_chunks_its_rows_in_whole_waves(monkeypatch):
 def test_row_chunked_blocks_equal_one_pass(monkeypatch, kind, timesteps):
     """Each block phase over row chunks (short last chunk, chunks of whole frames, per-token
     modulation) gives what one pass over all rows gives, to float32 rounding."""
-    from wan_enhanced.wan import dit
+    from wan_enhanced.wan import chunks
     model = _tiny(**{"t2v": {}, "ti2v": dict(in_dim=48, out_dim=48),
                      "i2v": dict(in_dim=36, image_embedding=True, image_dim=64)}[kind])
     cfg = model.config
@@ -282,10 +282,10 @@ def test_row_chunked_blocks_equal_one_pass(monkeypatch, kind, timesteps):
     clip = torch.randn(1, 257, cfg.image_dim) if cfg.image_embedding else None
     with torch.no_grad():
         whole = model(x, t, ctx, clip_tokens=clip)
-        monkeypatch.setattr(dit, "ROW_CHUNK_TOKENS", 7)  # 45 tokens: frames of 15 / rows of 7
+        monkeypatch.setattr(chunks, "ROW_CHUNK_TOKENS", 7)  # 45 tokens: frames of 15 / rows of 7
         chunked = model(x, t, ctx, clip_tokens=clip)
     assert (chunked - whole).abs().max() <= 2e-6 * whole.abs().max()
-    assert len(dit.row_chunks(tokens, 1)) == 7
+    assert len(chunks.row_chunks(tokens, 1)) == 7
 
 
 @pytest.mark.parametrize("rows", [16, 64])
@@ -294,7 +294,7 @@ def test_each_chunk_hands_its_self_attention_update_to_its_cross_attention_norm(
     self-attention update is added in that chunk's cross-attention norm pass (glue.norm_codes
     with `pending`), not in a pass of its own; the result is the two phases one after the
     other, to the bit."""
-    from wan_enhanced.wan import dit
+    from wan_enhanced.wan import dit_block
     from wan_enhanced.wan.glue import add_gated_, norm_affine
     from wan_enhanced.wan.sdpa import sdpa
 
@@ -310,16 +310,16 @@ def test_each_chunk_hands_its_self_attention_update_to_its_cross_attention_norm(
     def counted_add(rows, y, gate):
         adds.append(gate is not None)
         return add_gated_(rows, y, gate)
-    monkeypatch.setattr(dit, "norm_codes", norm_codes)
-    monkeypatch.setattr(dit.WanBlock, "_query_takes_codes", lambda self, x: True)
+    monkeypatch.setattr(dit_block, "norm_codes", norm_codes)
+    monkeypatch.setattr(dit_block.WanBlock, "_query_takes_codes", lambda self, x: True)
     with torch.no_grad():
         phases = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, rows)
         phases = block.cross_attention_phase(phases, text, None, sdpa, torch.float32, rows)
         handed.clear()
-        monkeypatch.setattr(dit, "add_gated_", counted_add)
+        monkeypatch.setattr(dit_block, "add_gated_", counted_add)
         together = block.attention_phases(x.clone(), e0, rope, text, None, sdpa, torch.float32,
                                           rows)
-    chunks = dit.row_chunks(45, 1, rows)
+    chunks = dit_block.row_chunks(45, 1, rows)
     assert handed == [(end - start, end - start) for start, end in chunks]
     assert adds == [False] * len(chunks)  # only the cross-attention's own updates
     assert torch.equal(together, phases)
@@ -331,7 +331,7 @@ def test_a_chunk_norms_its_rows_once_where_q_k_and_v_take_the_codes(monkeypatch,
     there are at most HELD_CODE_CHUNKS chunks, each chunk's codes are made once, for its keys and
     values, and held for its queries instead of being made again (over more chunks, made twice);
     the result is the same to the bit (the codes path stood in by the norm)."""
-    from wan_enhanced.wan import dit
+    from wan_enhanced.wan import dit_block
     from wan_enhanced.wan.glue import norm_modulate
     from wan_enhanced.wan.sdpa import sdpa
 
@@ -341,15 +341,15 @@ def test_a_chunk_norms_its_rows_once_where_q_k_and_v_take_the_codes(monkeypatch,
     def norm_codes(part, eps, dtype, shift=None, scale=None, pending=None, **_):
         normed.append(part.shape[1])
         return norm_modulate(part, shift, scale, eps, dtype)
-    monkeypatch.setattr(dit, "norm_codes", norm_codes)
+    monkeypatch.setattr(dit_block, "norm_codes", norm_codes)
     with torch.no_grad():
         plain = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, rows)
         assert normed == []  # no layer here takes codes: the norm in compute_dtype, per use
-        monkeypatch.setattr(dit, "takes_row_codes", lambda layers, x: True)
+        monkeypatch.setattr(dit_block, "takes_row_codes", lambda layers, x: True)
         shared = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, rows)
-    chunks = dit.row_chunks(45, 1, rows)
+    chunks = dit_block.row_chunks(45, 1, rows)
     once = [end - start for start, end in chunks]
-    assert normed == (once if len(chunks) <= dit.HELD_CODE_CHUNKS else once + once)
+    assert normed == (once if len(chunks) <= dit_block.HELD_CODE_CHUNKS else once + once)
     assert len(chunks) == {8: 6, 16: 3, 64: 1}[rows]
     assert torch.equal(shared, plain)
 
@@ -456,19 +456,19 @@ def test_the_ffn_chunks_count_what_its_first_layer_holds(monkeypatch):
     5B 720p FFN in three chunks where bf16 and fp8 run it whole; the chunks the phase takes
     follow (counted at its first layer's calls)."""
     from wan_enhanced.quant import SCHEMES
-    from wan_enhanced.wan import dit
+    from wan_enhanced.wan import chunks
     bf16 = torch.bfloat16
     plain = torch.nn.Linear(8, 16)
     int8 = SCHEMES["int8_dynamic"].quantize(plain)
-    assert dit.hidden_bytes(plain, bf16) == 2
-    assert dit.hidden_bytes(SCHEMES["fp8_e4m3fn_fast"].quantize(plain), bf16) == 2
-    assert dit.hidden_bytes(SCHEMES["int8"].quantize(plain), bf16) == 2  # weight-only
-    assert dit.hidden_bytes(int8, bf16) == 6
+    assert chunks.hidden_bytes(plain, bf16) == 2
+    assert chunks.hidden_bytes(SCHEMES["fp8_e4m3fn_fast"].quantize(plain), bf16) == 2
+    assert chunks.hidden_bytes(SCHEMES["int8"].quantize(plain), bf16) == 2  # weight-only
+    assert chunks.hidden_bytes(int8, bf16) == 6
     from wan_enhanced.lora.layers import LoraLinear
-    assert dit.hidden_bytes(LoraLinear(int8), bf16) == 6  # a LoRA'd layer: what its base holds
-    assert dit.hidden_bytes(LoraLinear(plain), bf16) == 2
-    assert len(dit.ffn_chunks(27280, 1, 14336, 2)) == 1
-    assert len(dit.ffn_chunks(27280, 1, 14336, 6)) == 3
+    assert chunks.hidden_bytes(LoraLinear(int8), bf16) == 6  # a LoRA'd layer: what its base holds
+    assert chunks.hidden_bytes(LoraLinear(plain), bf16) == 2
+    assert len(chunks.ffn_chunks(27280, 1, 14336, 2)) == 1
+    assert len(chunks.ffn_chunks(27280, 1, 14336, 6)) == 3
 
     model = _tiny()
     block = model.blocks[0]
@@ -478,7 +478,7 @@ def test_the_ffn_chunks_count_what_its_first_layer_holds(monkeypatch):
     calls = []
     block.ffn[0].register_forward_hook(lambda *args: calls.append(args[1][0].shape[1]))
     # 40 rows of float32 (4 bytes) fit; of 12 bytes (a layer holding 8 more) they take 3 chunks
-    monkeypatch.setattr(dit, "FFN_HIDDEN_BYTES", 40 * width * 5)
+    monkeypatch.setattr(chunks, "FFN_HIDDEN_BYTES", 40 * width * 5)
     with torch.no_grad():
         whole = block.feed_forward_phase(x.clone(), e0, torch.float32)
         assert calls == [40]

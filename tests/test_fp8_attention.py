@@ -397,7 +397,7 @@ def test_a_block_hands_the_fp8_backend_its_queries_before_their_norm(monkeypatch
     """SelfAttention.attend_rows gives the fp8 backend the projected queries, their norm's gain
     and the rotation (which it applies in its own pass); any other backend gets them normed and
     rotated. Both compute the same attention."""
-    from wan_enhanced.wan import dit
+    from wan_enhanced.wan import dit_attention
     from wan_enhanced.wan.configs import DiTConfig
     from wan_enhanced.wan.glue import rms_norm_heads
     from wan_enhanced.wan.rope import RotaryTable
@@ -405,7 +405,7 @@ def test_a_block_hands_the_fp8_backend_its_queries_before_their_norm(monkeypatch
 
     attn_pairs = DiTConfig(dim=256, num_heads=2).rope_pairs
     torch.manual_seed(0)
-    attn = dit.SelfAttention(256, 2, 1e-6).bfloat16()
+    attn = dit_attention.SelfAttention(256, 2, 1e-6).bfloat16()
     h = torch.randn(1, 12, 256).bfloat16()
     rope = RotaryTable((1, 3, 4), attn_pairs)
     k, v = (torch.randn(1, 12, 2, 128).bfloat16() for _ in range(2))
@@ -414,7 +414,7 @@ def test_a_block_hands_the_fp8_backend_its_queries_before_their_norm(monkeypatch
     def normed_query(q, weight, eps, heads, rope_, start, k_, v_, keys=None):
         calls.append((weight is attn.norm_q.weight, eps, heads, start))
         return sdpa(rms_norm_heads(q, weight, eps, heads, rope_, start), k_, v_)
-    monkeypatch.setattr(dit, "fp8_attention_normed_query", normed_query)
+    monkeypatch.setattr(dit_attention, "fp8_attention_normed_query", normed_query)
     with torch.no_grad():
         fused = attn.attend_rows(h, rope, 0, k, v, fa.fp8_attention)
         plain = attn.attend_rows(h, rope, 0, k, v, sdpa)
@@ -426,7 +426,7 @@ def test_a_row_chunked_block_quantizes_the_keys_once_for_all_its_chunks(monkeypa
     """An eager block attending chunk by chunk of query rows hands the fp8 backend the keys and
     values quantized once (fp8_keys), not once per chunk; the phase computes what it computes
     with any other backend."""
-    from wan_enhanced.wan import dit
+    from wan_enhanced.wan import dit_attention, dit_block
     from wan_enhanced.wan.glue import rms_norm_heads
     from wan_enhanced.wan.sdpa import sdpa
 
@@ -441,8 +441,8 @@ def test_a_row_chunked_block_quantizes_the_keys_once_for_all_its_chunks(monkeypa
     def normed_query(q, weight, eps, heads, rope_, start, k_, v_, keys=None):
         handed.append((start, keys is sentinel))
         return sdpa(rms_norm_heads(q, weight, eps, heads, rope_, start), k_, v_)
-    monkeypatch.setattr(dit, "fp8_keys", keys_once)
-    monkeypatch.setattr(dit, "fp8_attention_normed_query", normed_query)
+    monkeypatch.setattr(dit_block, "fp8_keys", keys_once)
+    monkeypatch.setattr(dit_attention, "fp8_attention_normed_query", normed_query)
     with torch.no_grad():
         fused = block.self_attention_phase(x.clone(), e0, rope, fa.fp8_attention, torch.float32,
                                            attention_rows=16)

@@ -30,7 +30,7 @@ from wan_enhanced.pipeline.lora import with_lora
 from wan_enhanced.pipeline.placement import DevicePlacement, tensor_bytes
 from wan_enhanced.quant import linear as quant_linear
 from wan_enhanced.quant.rowwise import FP8, INT8, quantize_weight
-from wan_enhanced.wan import dit as dit_module
+from wan_enhanced.wan import dit as dit_module, dit_ffn
 
 CONFIG = TINY_DIT["t2v"]
 SHAPES = dit_shapes(CONFIG)
@@ -235,7 +235,7 @@ def test_wrapped_fp8_feed_forward_keeps_the_fused_path(files, monkeypatch):
     # the same feed-forward computed step by step (no fused step) from the same layers
     first, _, second = unmerged.model.blocks[1].ffn
     h = torch.randn(1, 5, CONFIG.dim, generator=torch.Generator().manual_seed(3)).bfloat16()
-    fast = dit_module.feed_forward(unmerged.model.blocks[1].ffn, h)
+    fast = dit_ffn.feed_forward(unmerged.model.blocks[1].ffn, h)
     slow = second(F.gelu(first(h), approximate="tanh"))
     # both lie about 0.04 from the dense bf16 product (their fp8 activations); they differ by
     # the fp8 rounding of the GELU's input, which the step-by-step path takes in bf16

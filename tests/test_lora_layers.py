@@ -176,7 +176,7 @@ def test_a_loras_ffn_takes_the_gelu_into_its_product():
     the epilogue, as a plain one does: closer to float32 than the product, its rounding, then
     the GELU."""
     from wan_enhanced.wan import glue
-    from wan_enhanced.wan.dit import feed_forward
+    from wan_enhanced.wan.dit_ffn import feed_forward
 
     torch.manual_seed(0)
     ffn = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(approximate="tanh"),

@@ -11,7 +11,7 @@ from cpu_kernels import has_cpu_kernel
 from wan_enhanced.quant import SCHEMES, quantize_block_linears
 from wan_enhanced.quant import linear as quant_linear
 from wan_enhanced.quant.rowwise import FP8, RowCodes, quantize_rows
-from wan_enhanced.wan import dit, glue
+from wan_enhanced.wan import chunks, dit, dit_block, dit_ffn, glue
 from wan_enhanced.wan.attention import get_backend
 from wan_enhanced.wan.configs import DiTConfig
 from wan_enhanced.wan.rope import RotaryTable
@@ -33,12 +33,12 @@ def _fp8_model(**kw) -> dit.WanDiT:
 
 def _codes_counted(monkeypatch) -> list[int]:
     calls = []
-    real = dit.norm_codes
+    real = dit_block.norm_codes
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
-    monkeypatch.setattr(dit, "norm_codes", counted)
+    monkeypatch.setattr(dit_block, "norm_codes", counted)
     return calls
 
 
@@ -59,7 +59,7 @@ def test_blocks_give_their_fp8_layers_the_norms_codes_to_the_bit(monkeypatch, ki
         warnings.simplefilter("error")  # no fallback of the fp8 layers
         codes = model(x, t, ctx)
         assert len(calls) == 3 * cfg.num_layers
-        monkeypatch.setattr(dit, "takes_row_codes", lambda layers, x: False)
+        monkeypatch.setattr(dit_block, "takes_row_codes", lambda layers, x: False)
         plain = model(x, t, ctx)
     assert len(calls) == 3 * cfg.num_layers
     assert torch.equal(codes, plain)
@@ -85,7 +85,7 @@ def test_a_pending_update_is_added_in_the_norms_pass(monkeypatch):
     with torch.no_grad():
         owed = tokens.clone()
         update = block.self_attention_update(owed, e0, rope, sdpa, bf16,
-                                             pending=dit.ResidualUpdate(y, gate))
+                                             pending=dit_block.ResidualUpdate(y, gate))
         first = tokens.clone()
         glue.add_gated_(first, y, gate)
         expected = block.self_attention_update(first, e0, rope, sdpa, bf16)
@@ -118,15 +118,15 @@ def test_the_cross_attentions_update_is_added_in_the_ffns_norm_pass(monkeypatch)
     block = model.blocks[0]
     tokens, e0, rope, text = _block_inputs(model)
     sdpa, bf16 = get_backend("sdpa"), torch.bfloat16
-    owed = dit.ResidualUpdate(torch.randn(tokens.shape, dtype=bf16),
+    owed = dit_block.ResidualUpdate(torch.randn(tokens.shape, dtype=bf16),
                               torch.randn(1, 1, tokens.shape[-1]))
     pieces = []
-    real_hidden = dit.hidden_codes
+    real_hidden = dit_ffn.hidden_codes
 
     def counted(first, h, count):
         pieces.append(count)
         return real_hidden(first, h, count)
-    monkeypatch.setattr(dit, "hidden_codes", counted)
+    monkeypatch.setattr(dit_ffn, "hidden_codes", counted)
     calls = _codes_counted(monkeypatch)
     with torch.no_grad():
         assert block.feed_forward_takes_update(tokens, e0, bf16)
@@ -134,7 +134,7 @@ def test_the_cross_attentions_update_is_added_in_the_ffns_norm_pass(monkeypatch)
         crossed = block.cross_attention_update(handed, text, None, sdpa, bf16, pending=owed)
         assert crossed.gate is None
         ffn = block.feed_forward_update(handed, e0, bf16, pending=crossed)
-        assert pieces == [dit.HIDDEN_PIECES_WITH_UPDATE] and len(calls) == 2
+        assert pieces == [dit_block.HIDDEN_PIECES_WITH_UPDATE] and len(calls) == 2
 
         added = block.cross_attention_phase(tokens.clone(), text, None, sdpa, bf16,
                                             pending=owed)
@@ -163,12 +163,12 @@ def test_compiled_fp8_blocks_hand_the_cross_attentions_update_to_the_ffn(monkeyp
     tokens, e0, rope, text = _block_inputs(model)
     args = (e0, rope, text, None, get_backend("sdpa"), torch.bfloat16, tokens.shape[1])
     taken = []
-    real = dit.WanBlock.feed_forward_takes_update
+    real = dit_block.WanBlock.feed_forward_takes_update
 
     def recorded(self, *a):
         taken.append(real(self, *a))
         return taken[-1]
-    monkeypatch.setattr(dit.WanBlock, "feed_forward_takes_update", recorded)
+    monkeypatch.setattr(dit_block.WanBlock, "feed_forward_takes_update", recorded)
     with torch.no_grad():
         expected = block(tokens.clone(), *args)
         torch._dynamo.reset()
@@ -176,7 +176,7 @@ def test_compiled_fp8_blocks_hand_the_cross_attentions_update_to_the_ffn(monkeyp
         handed = compiled_block_forward()(block, tokens.clone(), *args)
         assert taken == [True] and counters["stats"]["unique_graphs"] == 3
         torch._dynamo.reset()
-        monkeypatch.setattr(dit.WanBlock, "feed_forward_takes_update", lambda *a: False)
+        monkeypatch.setattr(dit_block.WanBlock, "feed_forward_takes_update", lambda *a: False)
         added = compiled_block_forward()(block, tokens.clone(), *args)
         torch._dynamo.reset()
     assert torch.equal(handed, added)
@@ -195,9 +195,9 @@ def test_only_an_ffn_of_fp8_layers_in_one_chunk_takes_the_update(monkeypatch):
     assert block.feed_forward_takes_update(tokens, e0, bf16)
     plain = dit.WanDiT(model.config, compute_dtype=bf16).blocks[0]
     assert not plain.feed_forward_takes_update(tokens, e0, bf16)
-    monkeypatch.setattr(dit, "FFN_HIDDEN_BYTES", 64)
+    monkeypatch.setattr(chunks, "FFN_HIDDEN_BYTES", 64)
     assert not block.feed_forward_takes_update(tokens, e0, bf16)
-    update = dit.ResidualUpdate(torch.zeros(tokens.shape, dtype=bf16), None)
+    update = dit_block.ResidualUpdate(torch.zeros(tokens.shape, dtype=bf16), None)
     with torch.no_grad(), pytest.raises(ValueError, match="one chunk"):
         block.feed_forward_update(tokens.clone(), e0, bf16, pending=update)
 
@@ -226,9 +226,9 @@ def test_an_fp8_ffn_makes_its_hidden_codes_in_pieces_to_the_bit(monkeypatch, pie
 
     def same_in_pieces():
         for x in (h, rows):
-            out = dit.feed_forward(ffn, x, pieces)
+            out = dit_ffn.feed_forward(ffn, x, pieces)
             assert out.shape == (2, 7, 64)
-            assert torch.equal(out, dit.feed_forward(ffn, x)) and out.abs().max() > 0
+            assert torch.equal(out, dit_ffn.feed_forward(ffn, x)) and out.abs().max() > 0
 
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -270,11 +270,11 @@ def test_a_lora_first_layer_sums_its_terms_once_for_all_pieces(monkeypatch):
         return real_sum(*args)
     monkeypatch.setattr(lora_layers, "fp8_sum", counted)
     with torch.no_grad():
-        whole = dit.feed_forward(ffn, h)
+        whole = dit_ffn.feed_forward(ffn, h)
         assert len(sums) == 1
         for pieces in (2, 3):
             sums.clear()
-            out = dit.feed_forward(ffn, h, pieces)
+            out = dit_ffn.feed_forward(ffn, h, pieces)
             assert len(sums) == 1, pieces
             assert torch.equal(out, whole) and out.abs().max() > 0
 
@@ -432,9 +432,9 @@ def test_gpu_compiled_block_phases_take_the_codes_without_a_graph_break():
     rope = RotaryTable(grid, model.config.rope_pairs, device="cuda")
     text = model.embed_text(torch.randn(1, 5, 4096, device="cuda")).bfloat16()
     sdpa, bf16 = get_backend("sdpa", torch.device("cuda")), torch.bfloat16
-    pending = dit.ResidualUpdate(torch.randn(tokens.shape, device="cuda").bfloat16(),
+    pending = dit_block.ResidualUpdate(torch.randn(tokens.shape, device="cuda").bfloat16(),
                                  torch.randn(1, 1, tokens.shape[-1], device="cuda"))
-    crossed = dit.ResidualUpdate(pending.y, None)
+    crossed = dit_block.ResidualUpdate(pending.y, None)
     phases = ((cls.self_attention_update, (e0, rope, sdpa, bf16, pending)),
               (cls.cross_attention_phase, (text, None, sdpa, bf16, None, pending)),
               (cls.cross_attention_update, (text, None, sdpa, bf16, pending)),
@@ -460,8 +460,8 @@ def test_gpu_compiled_block_phases_take_the_codes_without_a_graph_break():
             compiled = torch.compile(phase, fullgraph=True, dynamic=False)(block, compiled_x,
                                                                          *args)
             torch._dynamo.reset()
-            eager = eager.y if isinstance(eager, dit.ResidualUpdate) else eager
-            compiled = compiled.y if isinstance(compiled, dit.ResidualUpdate) else compiled
+            eager = eager.y if isinstance(eager, dit_block.ResidualUpdate) else eager
+            compiled = compiled.y if isinstance(compiled, dit_block.ResidualUpdate) else compiled
             torch.testing.assert_close(compiled_x, eager_x, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(compiled.float(), eager.float(), rtol=0.02,
                                        atol=0.02 * float(eager.abs().max()))

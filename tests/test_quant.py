@@ -674,7 +674,7 @@ def test_a_layer_after_an_opaque_operator_computes_what_it_computes_on_any_input
     """after_opaque(layer, x) is layer(x) in value: a plain layer, a dequantizing fp8 layer, an
     int8 one; and a fast fp8 layer (let to use the CPU's torch._scaled_mm here) multiplies the
     same per-token codes as its own forward, not the dequantized weight."""
-    from wan_enhanced.wan.dit import after_opaque
+    from wan_enhanced.wan.dit_attention import after_opaque
     x = activations(2, 7, 96)
     for layer in (random_linear().bfloat16(), SCHEMES["fp8_e4m3fn"].quantize(random_linear()),
                   SCHEMES["int8_dynamic"].quantize(random_linear())):
@@ -694,7 +694,7 @@ def test_gpu_fp8_layer_after_an_opaque_operator_keeps_its_row_kernel_when_compil
     result to the bit (the same codes, the same product)."""
     if kernels.fp8_matmul_unavailable(torch.device("cuda")) is not None:
         pytest.skip("no fp8 matmul on this GPU")
-    from wan_enhanced.wan.dit import after_opaque
+    from wan_enhanced.wan.dit_attention import after_opaque
     layer = SCHEMES["fp8_e4m3fn_fast"].quantize(random_linear()).cuda()
     x = activations(3, 40, 96).cuda()
     eager = after_opaque(layer, x)

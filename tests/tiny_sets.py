@@ -38,7 +38,7 @@ def write_all_kinds(root: Path) -> Path:
 
 
 class TinyBlock(NamedTuple):
-    block: torch.nn.Module  # dit.WanBlock of 2 heads of 128, random weights
+    block: torch.nn.Module  # dit_block.WanBlock of 2 heads of 128, random weights
     x: torch.Tensor  # float32 [1, 45, 256]: 45 rows, a grid of 3 x 3 x 5 tokens
     e0: torch.Tensor  # [1, 1, 6, 256] time projection (one timestep group)
     text: torch.Tensor  # [1, 5, 256] text rows
@@ -48,7 +48,7 @@ class TinyBlock(NamedTuple):
 def tiny_block() -> TinyBlock:
     """One DiT block on the CPU and its inputs, the same on every call (seed 0)."""
     from wan_enhanced.wan.configs import DiTConfig
-    from wan_enhanced.wan.dit import WanBlock
+    from wan_enhanced.wan.dit_block import WanBlock
     from wan_enhanced.wan.rope import RotaryTable
 
     cfg = DiTConfig(dim=256, num_heads=2, ffn_dim=512, num_layers=1)

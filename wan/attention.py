@@ -135,7 +135,7 @@ def wave_rows(attend: Callable, batch_heads: int, head_dim: int, device: torch.d
     rows at a time on each multiprocessor, batch_heads programs per row tile): the rows of the
     fewest row tiles whose programs are a multiple of the multiprocessors. None for other
     backends and devices. Row chunks of a multiple of it leave no wave of their launch part
-    empty but the last chunk's (dit.row_chunks; bench/results/2026-11-26-h100-eager-whole-waves/).
+    empty but the last chunk's (chunks.row_chunks; bench/results/2026-11-26-h100-eager-whole-waves/).
     """
     if attend is fp8_attention:
         rows = fp8.hopper_rows_per_program(device, head_dim)

@@ -9,7 +9,7 @@ seconds more (bench/results/2026-11-26-h100-eager-or-compiled/ has both).
 A graph per phase, not one per block: a compiled graph updates the residual stream out of place
 and writes it back at its end, so a graph spanning two residual updates holds a float32 working
 copy of x between them (one graph for the block held it through the FFN, one for both attentions
-through cross-attention). Instead a phase's update (dit.ResidualUpdate) is added at the start of
+through cross-attention). Instead a phase's update (dit_block.ResidualUpdate) is added at the start of
 the next phase's graph, in the pass of that phase's norm, where it would otherwise be a pass of
 its own over x: the self-attention's in the cross-attention graph, the cross-attention's in the
 FFN graph, the FFN's in the next block's self-attention graph (OwedUpdate carries it). A
@@ -25,7 +25,7 @@ differ from the eager blocks by rounding only, since the fused kernels skip inte
 roundings.
 
 The graphs are of the block class's phase methods (self_attention_update, cross_attention_phase
-or cross_attention_update, feed_forward_update: wan/dit.py WanBlock), taken from the block
+or cross_attention_update, feed_forward_update: wan/dit_block.py WanBlock), taken from the block
 given, so this module needs nothing of the model's.
 """
 
@@ -50,7 +50,7 @@ class OwedUpdate:
     graphs."""
 
     def __init__(self):
-        self.update = None  # a dit.ResidualUpdate, or None
+        self.update = None  # a dit_block.ResidualUpdate, or None
 
     def take(self):
         update, self.update = self.update, None

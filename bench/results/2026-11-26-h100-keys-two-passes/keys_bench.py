@@ -26,17 +26,23 @@ def before(k, v, w, eps, heads, rope):
     return k8, ks, vt, vs
 
 
+def operands(length, heads):
+    """Projected keys with a shared offset, values, the norm's gain and the rotation's tables."""
+    width = heads * 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    k = (torch.randn(1, length, width, device="cuda", generator=g)
+         + 2 * torch.randn(1, 1, width, device="cuda", generator=g)).bfloat16()
+    v = torch.randn(1, length, heads, 128, device="cuda", generator=g).bfloat16()
+    w = (1 + 0.3 * torch.randn(width, device="cuda", generator=g)).bfloat16()
+    rope = RotaryTable((1, 1, length), DiTConfig(dim=width, num_heads=heads).rope_pairs,
+                       device="cuda")
+    return k, v, w, rope
+
+
 def main():
   rows = []
   for name, length, heads in (("5b", 27280, 24), ("1_3b", 32760, 12), ("14b", 75600, 40)):
-      width = heads * 128
-      g = torch.Generator(device="cuda").manual_seed(0)
-      k = (torch.randn(1, length, width, device="cuda", generator=g)
-           + 2 * torch.randn(1, 1, width, device="cuda", generator=g)).bfloat16()
-      v = torch.randn(1, length, heads, 128, device="cuda", generator=g).bfloat16()
-      w = (1 + 0.3 * torch.randn(width, device="cuda", generator=g)).bfloat16()
-      rope = RotaryTable((1, 1, length), DiTConfig(dim=width, num_heads=heads).rope_pairs,
-                         device="cuda")
+      k, v, w, rope = operands(length, heads)
       wf = w.float()
       old = before(k, v, w, 1e-6, heads, rope)
       new = fa.normed_keys(k, v, wf, 1e-6, rope.cos, rope.sin)

@@ -1,28 +1,19 @@
 """Key path configurations: key_stats_kernel (STEP, SPLIT, warps) and normed_key_codes_kernel
 (TOKENS, HEADS), timed alone; the bitwise check of normed_keys against quantize_keys of the
 normed keys for each."""
-import json, math, sys
+import json, sys
 import torch
 from wan_enhanced.bench.harness import bench_ms
 from wan_enhanced.wan import fp8_attention as fa
 from wan_enhanced.wan.glue import rms_norm_heads
-from wan_enhanced.wan.configs import DiTConfig
-from wan_enhanced.wan.rope import RotaryTable
 sys.path.insert(0, "bench/results/2026-11-26-h100-keys-two-passes")
-from keys_bench import before
+from keys_bench import before, operands
 
 STATS = [(1, 1, 8), (4, 1, 8), (4, 1, 16), (2, 2, 8), (4, 2, 16), (2, 4, 8), (4, 4, 16), (1, 4, 8)]
 CODES = [(32, 4, 8), (32, 8, 8), (16, 4, 4), (64, 4, 8), (32, 2, 4)]
 rows = []
 for name, length, heads in (("5b", 27280, 24), ("14b", 75600, 40), ("1_3b", 32760, 12)):
-    width = heads * 128
-    g = torch.Generator(device="cuda").manual_seed(0)
-    k = (torch.randn(1, length, width, device="cuda", generator=g)
-         + 2 * torch.randn(1, 1, width, device="cuda", generator=g)).bfloat16()
-    v = torch.randn(1, length, heads, 128, device="cuda", generator=g).bfloat16()
-    w = (1 + 0.3 * torch.randn(width, device="cuda", generator=g)).bfloat16()
-    rope = RotaryTable((1, 1, length), DiTConfig(dim=width, num_heads=heads).rope_pairs,
-                       device="cuda")
+    k, v, w, rope = operands(length, heads)
     wf = w.float()
     normed = rms_norm_heads(k, w, 1e-6, heads, rope)
     row = {"shape": name, "before_ms": bench_ms(lambda: before(k, v, w, 1e-6, heads, rope))}

@@ -26,9 +26,9 @@ class RMSNorm(nn.Module):
         return (normed * self.weight.float()).to(x.dtype)
 
 
-class SelfAttention(nn.Module):
-    """Every query attends to every key: the keys and values of all rows are made first, then the
-    queries row chunk by row chunk (WanBlock runs the phases)."""
+class Projections(nn.Module):
+    """What both attentions hold: the q, k, v and o projections and the q/k norms (the
+    official checkpoint's names)."""
 
     def __init__(self, dim: int, num_heads: int, eps: float):
         super().__init__()
@@ -42,6 +42,11 @@ class SelfAttention(nn.Module):
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.view(t.shape[0], t.shape[1], self.num_heads, -1)
+
+
+class SelfAttention(Projections):
+    """Every query attends to every key: the keys and values of all rows are made first, then the
+    queries row chunk by row chunk (WanBlock runs the phases)."""
 
     def _rotated(self, t: torch.Tensor, norm: RMSNorm, rope: RotaryTable, start: int):
         return rms_norm_heads(t, norm.weight, norm.eps, self.num_heads, rope, start)
@@ -64,26 +69,16 @@ class SelfAttention(nn.Module):
         return after_opaque(self.o, out.flatten(2))
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(Projections):
     """Attention from video tokens to the text rows (all rows, no mask) and, for Wan2.1 I2V,
     separately to the CLIP image tokens; the two results are summed before the output projection."""
 
     def __init__(self, dim: int, num_heads: int, eps: float, image_branch: bool):
-        super().__init__()
-        self.num_heads = num_heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
+        super().__init__(dim, num_heads, eps)
         if image_branch:
             self.k_img = nn.Linear(dim, dim)
             self.v_img = nn.Linear(dim, dim)
             self.norm_k_img = RMSNorm(dim, eps)
-
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        return t.view(t.shape[0], t.shape[1], self.num_heads, -1)
 
     def _normed(self, t: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         return rms_norm_heads(t, norm.weight, norm.eps, self.num_heads)

@@ -1,4 +1,5 @@
-"""The Wan diffusion transformer (Wan2.1 T2V/I2V, Wan2.2 TI2V-5B and A14B experts).
+"""The Wan diffusion transformer (Wan2.1 T2V/I2V, Wan2.2 TI2V-5B and A14B experts): the patch,
+time, text and image embeddings, the blocks (dit_block.py) and the head.
 
 Parameter names equal the official checkpoint keys, so official and ComfyUI files load strictly.
 
@@ -22,12 +23,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import get_backend
+from .chunks import group_rows, row_chunks
 from .compiled_blocks import OwedUpdate, compiled_block_forward
 from .configs import DiTConfig
 from .dit_block import WanBlock
 from .glue import add_gated_, layer_norm, modulate
 from .rope import RotaryTable
-from .chunks import group_rows, row_chunks
 
 
 def linear_fp32(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:

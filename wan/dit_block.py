@@ -11,12 +11,12 @@ import torch
 import torch.nn as nn
 
 from .attention import wave_rows
+from .chunks import ffn_chunks, group_rows, hidden_bytes, row_chunks
 from .configs import DiTConfig
 from .dit_attention import CrossAttention, SelfAttention
 from .dit_ffn import feed_forward
 from .fp8_attention import fp8_attention, fp8_keys
 from .glue import add_gated_, norm_affine, norm_codes, norm_modulate, takes_row_codes
-from .chunks import ffn_chunks, group_rows, hidden_bytes, row_chunks
 
 # An eager self-attention phase of at most this many row chunks holds every chunk's norm codes
 # (1 byte a value) from its keys' and values' pass until its queries take them, instead of a

@@ -295,6 +295,7 @@ def test_each_chunk_hands_its_self_attention_update_to_its_cross_attention_norm(
     with `pending`), not in a pass of its own; the result is the two phases one after the
     other, to the bit."""
     from wan_enhanced.wan import dit_block
+    from wan_enhanced.wan.chunks import row_chunks
     from wan_enhanced.wan.glue import add_gated_, norm_affine
     from wan_enhanced.wan.sdpa import sdpa
 
@@ -319,7 +320,7 @@ def test_each_chunk_hands_its_self_attention_update_to_its_cross_attention_norm(
         monkeypatch.setattr(dit_block, "add_gated_", counted_add)
         together = block.attention_phases(x.clone(), e0, rope, text, None, sdpa, torch.float32,
                                           rows)
-    chunks = dit_block.row_chunks(45, 1, rows)
+    chunks = row_chunks(45, 1, rows)
     assert handed == [(end - start, end - start) for start, end in chunks]
     assert adds == [False] * len(chunks)  # only the cross-attention's own updates
     assert torch.equal(together, phases)
@@ -332,6 +333,7 @@ def test_a_chunk_norms_its_rows_once_where_q_k_and_v_take_the_codes(monkeypatch,
     values, and held for its queries instead of being made again (over more chunks, made twice);
     the result is the same to the bit (the codes path stood in by the norm)."""
     from wan_enhanced.wan import dit_block
+    from wan_enhanced.wan.chunks import row_chunks
     from wan_enhanced.wan.glue import norm_modulate
     from wan_enhanced.wan.sdpa import sdpa
 
@@ -347,7 +349,7 @@ def test_a_chunk_norms_its_rows_once_where_q_k_and_v_take_the_codes(monkeypatch,
         assert normed == []  # no layer here takes codes: the norm in compute_dtype, per use
         monkeypatch.setattr(dit_block, "takes_row_codes", lambda layers, x: True)
         shared = block.self_attention_phase(x.clone(), e0, rope, sdpa, torch.float32, rows)
-    chunks = dit_block.row_chunks(45, 1, rows)
+    chunks = row_chunks(45, 1, rows)
     once = [end - start for start, end in chunks]
     assert normed == (once if len(chunks) <= dit_block.HELD_CODE_CHUNKS else once + once)
     assert len(chunks) == {8: 6, 16: 3, 64: 1}[rows]

@@ -271,7 +271,7 @@ def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = 
                 reason = _HOPPER_FAILED[0]
         if kernel == "hopper":
             raise ValueError(f"fp8 attention: the Hopper kernel cannot run: {reason}")
-        if _on_hopper(out) and (isinstance(_hopper_module(), str) or _HOPPER_FAILED):
+        if _on_hopper(out) and _hopper_build_problem() is not None:
             warn_once(f"fp8 attention: the Hopper kernel cannot run ({reason}); the slower "
                       "portable Triton kernel runs instead")
     elif kernel == "hopper":

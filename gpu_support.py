@@ -5,6 +5,7 @@ back. The checks are plain constants or device properties, so torch.compile trac
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import warnings
 
@@ -43,6 +44,25 @@ def import_gluon_kernel(module: str, package: str):
         return importlib.import_module(module, package)
     except Exception as exc:  # an older or newer Triton without this Gluon API
         return f"this Triton has no Gluon for Hopper ({type(exc).__name__}: {exc})"
+
+
+def spill_problem(compiled, limit_words: int) -> str | None:
+    """Why a kernel Triton has just built should not be what `auto` runs: each of its threads
+    keeps more than `limit_words` 4-byte words in local memory (registers spilled there; Triton's
+    CompiledKernel.n_spills), which some Triton releases do to a kernel that others build
+    without; or None. `compiled`: what launching a Triton kernel returned."""
+    words = getattr(compiled, "n_spills", None)
+    if not isinstance(words, int) or words <= limit_words:
+        return None
+    return (f"Triton {_triton_version()} builds it with {4 * words} bytes of local memory a "
+            f"thread (spilled registers; the kernel is fast with at most {4 * limit_words})")
+
+
+def _triton_version() -> str:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "(unknown version)"
 
 
 def kernel_operator(qualified_name: str, fn, fake, mutates: tuple[str, ...] = ()):

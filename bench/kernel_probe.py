@@ -6,7 +6,8 @@ local-memory spills, and how the tensor-core products are waited for.
                                  [--sass FILE] [--loops] [--sm 89|90]
 
 Needs Triton (the ptxas and cuobjdump it is set to use), not a GPU. Per configuration (BLOCK_M
-BLOCK_N num_warps num_stages) it prints the registers per thread, the spill stores and loads in the
+BLOCK_N num_warps num_stages) it prints the registers per thread, the local memory (stack) a thread
+takes, the spill stores and loads in the
 SASS, the number of wgmma instructions, and the pending count of every `wgmma.wait_group` in
 the PTX: all zeros means every product is waited for right after it is issued, so within one
 warp group the softmax never overlaps the tensor cores. --hopper probes the Hopper kernel
@@ -71,8 +72,9 @@ def _compile_gluon_for_sm90(module, fn, types: dict[str, str], unaligned: tuple[
 
     constants = {"D": module.HEAD_DIM, "BLOCK_M": module.BLOCK_M, "BLOCK_N": module.BLOCK_N,
                  "STAGES": module.STAGES, "CONSUMER_REGS": module.CONSUMER_REGS, "num_warps": 4}
-    if "GROUPS" in fn.arg_names:  # the fp8 kernel's consumer groups
+    if "GROUPS" in fn.arg_names:  # the fp8 kernel's consumer groups and where they store P
         constants["GROUPS"] = module.GROUPS
+        constants["P_EARLY"] = module.P_EARLY
     signature = {name: types.get(name, "constexpr" if name in constants else "i32")
                  for name in fn.arg_names}
     aligned = [name for name in fn.arg_names if name not in constants
@@ -109,10 +111,11 @@ def compile_bf16_hopper_for_sm90():
 
 
 def triton_ptxas() -> str:
-    """The ptxas Triton compiles with: its bundled one unless TRITON_PTXAS_PATH names another
-    (torch's inductor sets it to the CUDA toolkit's ptxas that ships with torch, once it has
-    compiled anything in the process). Triton writes its PTX for that ptxas's version, which an
-    older ptxas refuses."""
+    """The ptxas Triton compiles sm_90 with: its bundled one unless TRITON_PTXAS_PATH names
+    another (TRITON_PTXAS_BLACKWELL_PATH from Triton 3.9 on, which builds sm_90 with its newer
+    ptxas; torch's inductor sets the variable to the CUDA toolkit's ptxas that ships with torch,
+    once it has compiled anything in the process). Triton writes its PTX for that ptxas's
+    version, which an older ptxas refuses."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     return get_ptxas(90).path
@@ -151,7 +154,9 @@ def report(kernel) -> tuple[dict, str]:
                               capture_output=True, text=True, check=True).stdout
     ptx = kernel.asm["ptx"]
     registers = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
     return {"registers": int(registers.group(1)) if registers else None,
+            "stack_bytes": int(stack.group(1)) if stack else None,
             "spill_stores": len(re.findall(r"\bSTL\b", sass)),
             "spill_loads": len(re.findall(r"\bLDL\b", sass)),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),

@@ -31,6 +31,7 @@ def test_the_probe_uses_the_ptxas_triton_is_pointed_at(tmp_path, monkeypatch):
 
     tool = _fake_ptxas(tmp_path, "ptxas fatal : Unsupported .version 9.0")
     monkeypatch.setenv("TRITON_PTXAS_PATH", str(tool))
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", str(tool))  # Triton 3.9 builds sm_90 so
     assert os.path.samefile(kernel_probe.triton_ptxas(), tool)
 
     kernel = SimpleNamespace(asm={"ptx": ".version 9.0\n.target sm_90a\n"})

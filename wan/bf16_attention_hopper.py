@@ -22,8 +22,10 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .gluon_hopper import tma_load
 
 BLOCK_N = 128  # keys per block
 BLOCK_M = 64  # query rows per consumer group (one wgmma row tile); a program takes 128
@@ -86,15 +88,15 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empt
     col = (bh % H) * D
     q_row = b * LQ + gl.program_id(0) * (2 * BLOCK_M)
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, col], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + BLOCK_M, col], q_bar, q_smem.index(1))
+    tma_load(q_desc, [q_row, col], q_bar, q_smem.index(0))
+    tma_load(q_desc, [q_row + BLOCK_M, col], q_bar, q_smem.index(1))
     for j in range((L + BLOCK_N - 1) // BLOCK_N):
         st = j % STAGES
         mbarrier.wait(empty.index(st), ((j // STAGES) & 1) ^ 1)
         bar = ready.index(st)
         mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b * L + j * BLOCK_N, col], bar, k_smem.index(st))
-        tma.async_copy_global_to_shared(v_desc, [b * L + j * BLOCK_N, col], bar, v_smem.index(st))
+        tma_load(k_desc, [b * L + j * BLOCK_N, col], bar, k_smem.index(st))
+        tma_load(v_desc, [b * L + j * BLOCK_N, col], bar, v_smem.index(st))
 
 
 @gluon.jit

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gpu_support import (TRITON, fp8_unavailable, import_gluon_kernel, kernel_operator,
-                           warn_once)
+                           spill_problem, warn_once)
 from .glue import head_parts, rms_norm_heads
 from .sdpa import sdpa
 
@@ -216,6 +216,10 @@ def _on_hopper(t: torch.Tensor) -> bool:
 
 
 _HOPPER_FAILED: list[str] = []  # the first launch's error, if it had one
+# why auto leaves the Hopper kernel although it builds (this Triton spills its registers), once
+# the first launch has said so; the first launch's output stands (it is correct, only slow)
+_HOPPER_SLOW: list[str] = []
+_HOPPER_CHECKED: list[bool] = []
 
 
 def _hopper_build_problem() -> str | None:
@@ -227,11 +231,31 @@ def _hopper_build_problem() -> str | None:
     return _HOPPER_FAILED[0] if _HOPPER_FAILED else None
 
 
+def _hopper_auto_problem() -> str | None:
+    """Why `auto` does not run the Hopper kernel: it cannot (_hopper_build_problem) or this
+    Triton builds it slower than the portable kernel; or None."""
+    return _hopper_build_problem() or (_HOPPER_SLOW[0] if _HOPPER_SLOW else None)
+
+
+def _check_hopper_build(compiled) -> None:
+    """After the Hopper kernel's first launch: where this Triton built it with its registers
+    spilled (gpu_support.spill_problem), auto runs the portable kernel from then on, and says
+    so once."""
+    if _HOPPER_CHECKED:
+        return
+    _HOPPER_CHECKED.append(True)
+    problem = spill_problem(compiled, _hopper_module().SPILL_LIMIT_WORDS)
+    if problem is not None:
+        _HOPPER_SLOW.append(problem)
+        warn_once(f"fp8 attention: the Hopper kernel is slow here ({problem}); the portable "
+                  "Triton kernel runs instead")
+
+
 def hopper_rows_per_program(device: torch.device, head_dim: int) -> int | None:
     """The query rows a program of the Hopper kernel takes, where that kernel runs this
     backend's self-attention on `device` (a program fills a multiprocessor's registers: one at a
     time on each); None where it does not."""
-    if not _hopper_device(device) or head_dim != 128 or _hopper_build_problem() is not None:
+    if not _hopper_device(device) or head_dim != 128 or _hopper_auto_problem() is not None:
         return None
     return _hopper_module().ROWS_PER_PROGRAM
 
@@ -260,15 +284,19 @@ def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = 
         raise ValueError(f"fp8 attention: kernel must be one of {KERNELS}; got {kernel!r}")
     if kernel != "portable" and config is None:
         reason = hopper_kernel_unavailable(ops, out)
+        if reason is None and kernel == "auto" and _HOPPER_SLOW:
+            reason = _HOPPER_SLOW[0]  # said when it was found
         if reason is None:
             try:
-                _hopper_module().attend(ops, out)
-                return
+                compiled = _hopper_module().attend(ops, out)
             except Exception as exc:  # the kernel did not build with this Triton
                 if kernel == "hopper":
                     raise
                 _HOPPER_FAILED.append(f"it failed to build here ({type(exc).__name__}: {exc})")
                 reason = _HOPPER_FAILED[0]
+            else:
+                _check_hopper_build(compiled)
+                return
         if kernel == "hopper":
             raise ValueError(f"fp8 attention: the Hopper kernel cannot run: {reason}")
         if _on_hopper(out) and _hopper_build_problem() is not None:

@@ -16,7 +16,10 @@ of one head:
   dependent exponentials); their registers (160 a thread, the accumulator and the scores
   mostly) leave no room for P as a register operand, hence the shared buffer;
 - P's columns are stored in the order of V's keys (fp8_attention_kernels.key_order): the values
-  are stored so, and the product sums over keys in any order.
+  are stored so, and the product sums over keys in any order;
+- whether a group stores P right after its softmax or when it next multiplies follows the Triton
+  release that builds the kernel (gluon_hopper.STORE_P_EARLY: each is the one that release
+  builds without spilling registers); the output is the same.
 
 Operands as fp8_attention_kernels documents (q8, k8, vt, their scales; rows padded to 128).
 Needs more than one block of keys (L > 128): fp8_attention.py sends shorter ones to the portable
@@ -31,11 +34,12 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # the portable kernel's constants (the same numerics, bit for bit)
 from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2, key_order
+from .gluon_hopper import STORE_P_EARLY, tma_load
 
 BLOCK_N = K_BLOCK.value  # keys per block: the key scales' block
 BLOCK_M = 64  # query rows per consumer group (one warp group's tensor-core tile)
@@ -44,6 +48,15 @@ ROWS_PER_PROGRAM = GROUPS * BLOCK_M  # query rows a program takes
 STAGES = 3  # key/value buffers (2 and 4 were no faster on the H100: bench/results/)
 CONSUMER_REGS = 160  # per consumer thread; the producer's 4 warps keep the rest (32)
 MAX_REGS = 128  # per thread at launch: 16 warps x 32 x 128 fill the register file
+# local memory (spilled registers) a thread may take, in 4-byte words (CompiledKernel.n_spills),
+# before `auto` takes the portable kernel instead. On the H100 (bench/results/2026-11-26-h100-
+# triton-releases/): Triton 3.6 builds this kernel with 16 at ~890 TFLOP/s; 3.8 built the other
+# order of P's store with 26 at ~760, under the portable kernel's ~780; 3.9 builds it with 74
+# at ~415.
+SPILL_LIMIT_WORDS = 20
+# where a consumer stores P: right after its softmax (True) or when it next multiplies (False);
+# the same bits, but Triton releases allocate registers differently (gluon_hopper.py)
+P_EARLY = STORE_P_EARLY
 HEAD_DIM = 128
 
 
@@ -70,31 +83,40 @@ def _softmax(s, m_i, l_i, qs, ks, start_n, L, BLOCK_N: gl.constexpr, MASK: gl.co
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty, turn,
               qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol, stride_oh,
               D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, GROUPS: gl.constexpr, GROUP: gl.constexpr):
+              STAGES: gl.constexpr, GROUPS: gl.constexpr, P_EARLY: gl.constexpr,
+              GROUP: gl.constexpr):
     """Every group's query rows, then every block of keys and values once a buffer is free (all
     groups have read what it held)."""
     bh = gl.program_id(1)
     q_row = bh * LQp + gl.program_id(0) * (GROUPS * BLOCK_M)
     mbarrier.expect(q_bar, GROUPS * q_desc.block_type.nbytes)
     for g in gl.static_range(GROUPS):
-        tma.async_copy_global_to_shared(q_desc, [q_row + g * BLOCK_M, 0], q_bar, q_smem.index(g))
+        tma_load(q_desc, [q_row + g * BLOCK_M, 0], q_bar, q_smem.index(g))
     for j in range((L + BLOCK_N - 1) // BLOCK_N):
         st = j % STAGES
         mbarrier.wait(empty.index(st), ((j // STAGES) & 1) ^ 1)
         bar = ready.index(st)
         mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [bh * Lp + j * BLOCK_N, 0], bar, k_smem.index(st))
-        tma.async_copy_global_to_shared(v_desc, [bh * D, j * BLOCK_N], bar, v_smem.index(st))
+        tma_load(k_desc, [bh * Lp + j * BLOCK_N, 0], bar, k_smem.index(st))
+        tma_load(v_desc, [bh * D, j * BLOCK_N], bar, v_smem.index(st))
+
+
+@gluon.jit
+def _store_p(p, p_mine):
+    """P in fp8 (its columns in V's key order) to this group's shared-memory buffer, visible to
+    the tensor cores."""
+    p_mine.store(key_order(p.to(gl.float8e4nv)))
+    fence_async_shared()
 
 
 @gluon.jit
 def _pv(j, p, p_mine, v_smem, empty, mine, nxt, t_phase, acc, alpha_prev, zero_o,
-        STAGES: gl.constexpr):
-    """Block j's P V added into acc: P stored in fp8 (its columns in V's key order) to this
-    group's buffer, the product issued in this group's turn and waited for, block j's keys and
-    values released."""
-    p_mine.store(key_order(p.to(gl.float8e4nv)))
-    fence_async_shared()
+        STAGES: gl.constexpr, P_EARLY: gl.constexpr):
+    """Block j's P V added into acc: P stored (here, unless P_EARLY stored it after its
+    softmax), the product issued in this group's turn and waited for, block j's keys and values
+    released."""
+    if not P_EARLY:
+        _store_p(p, p_mine)
     mbarrier.wait(mine, t_phase)
     pv = warpgroup_mma(p_mine, v_smem.index(j % STAGES).permute((1, 0)), zero_o, use_acc=False,
                        is_async=True)
@@ -117,14 +139,17 @@ def _scores(j, q, k_smem, ready, zero_s, STAGES: gl.constexpr):
 @gluon.jit
 def _block(j, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev, l_i,
            m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-           MASK: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+           MASK: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+           P_EARLY: gl.constexpr):
     """Block j's P V, then block j + 1's scores and softmax (p: block j's probabilities)."""
     ks = gl.load(ks_base + j + 1)
     acc, t_phase = _pv(j, p, p_mine, v_smem, empty, mine, nxt, t_phase, acc, alpha_prev, zero_o,
-                       STAGES)
+                       STAGES, P_EARLY)
     s = _scores(j + 1, q, k_smem, ready, zero_s, STAGES)
     p, alpha, l_i, m_i = _softmax(s, m_i, l_i, qs, ks, (j + 1) * BLOCK_N, L, BLOCK_N, MASK,
                                   s_layout)
+    if P_EARLY:
+        _store_p(p, p_mine)
     alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
     return p, acc, alpha_prev, l_i, m_i, t_phase
 
@@ -133,7 +158,8 @@ def _block(j, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, ac
 def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty, turn,
               qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol, stride_oh,
               D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, GROUPS: gl.constexpr, GROUP: gl.constexpr):
+              STAGES: gl.constexpr, GROUPS: gl.constexpr, P_EARLY: gl.constexpr,
+              GROUP: gl.constexpr):
     """One group's 64 query rows over all keys, written to the output."""
     bh = gl.program_id(1)
     bh64 = bh.to(gl.int64)
@@ -164,17 +190,21 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, rea
     s = _scores(0, q, k_smem, ready, zero_s, STAGES)
     p, alpha, l_i, m_i = _softmax(s, m_i, l_i, qs, gl.load(ks_base), 0, L, BLOCK_N, False,
                                   s_layout)
+    if P_EARLY:
+        _store_p(p, p_mine)
     alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
     for j in range(0, n - 2):
         p, acc, alpha_prev, l_i, m_i, t_phase = _block(
             j, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev,
-            l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, False, s_layout, o_layout)
+            l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, False, s_layout, o_layout,
+            P_EARLY)
     # the last block's scores are masked past L
     p, acc, alpha_prev, l_i, m_i, t_phase = _block(
         n - 2, p, q, p_mine, k_smem, v_smem, ready, empty, mine, nxt, t_phase, acc, alpha_prev,
-        l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, True, s_layout, o_layout)
+        l_i, m_i, qs, ks_base, L, zero_s, zero_o, BLOCK_N, STAGES, True, s_layout, o_layout,
+        P_EARLY)
     acc, t_phase = _pv(n - 1, p, p_mine, v_smem, empty, mine, nxt, t_phase, acc, alpha_prev,
-                       zero_o, STAGES)
+                       zero_o, STAGES, P_EARLY)
 
     # acc and l_i both carry P's factor 448
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
@@ -192,7 +222,8 @@ def hopper_attention_kernel(q_desc, k_desc, v_desc, qs_ptr, ks_ptr, vs_ptr, o_pt
                             H, stride_ob, stride_ol, stride_oh, D: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr, GROUPS: gl.constexpr,
-                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                            CONSUMER_REGS: gl.constexpr, P_EARLY: gl.constexpr,
+                            num_warps: gl.constexpr):
     gl.static_assert(GROUPS == 3, "the partitions below are three consumer groups")
     q_smem = gl.allocate_shared_memory(gl.int8, [GROUPS, BLOCK_M, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, D], k_desc.layout)
@@ -212,20 +243,20 @@ def hopper_attention_kernel(q_desc, k_desc, v_desc, qs_ptr, ks_ptr, vs_ptr, o_pt
         mbarrier.init(turn.index(i), count=1)
     # the producer is the default partition (its 4 warps keep the registers the consumers
     # leave); each consumer group is a worker of 4 warps. Every partition takes the same
-    # arguments (GROUPS, then GROUP, last).
+    # arguments (GROUPS and P_EARLY, then GROUP, last).
     gl.warp_specialize([
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty,
                      turn, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
-                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, 0)),
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, P_EARLY, 0)),
         (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty,
                      turn, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
-                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, 0)),
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, P_EARLY, 0)),
         (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty,
                      turn, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
-                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, 1)),
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, P_EARLY, 1)),
         (_consumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, p_smem, q_bar, ready, empty,
                      turn, qs_ptr, ks_ptr, vs_ptr, o_ptr, L, Lp, LQ, LQp, H, stride_ob, stride_ol,
-                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, 2)),
+                     stride_oh, D, BLOCK_M, BLOCK_N, STAGES, GROUPS, P_EARLY, 2)),
     ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -234,16 +265,17 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype) -> TensorDescriptor:
                                         gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
-def attend(ops, out: torch.Tensor) -> None:
+def attend(ops, out: torch.Tensor):
     """The kernel over fp8_attention.Fp8Operands `ops` (fp8 P V, head_dim 128, more than 128
-    keys), written into out [B, Lq, heads, 128]."""
+    keys), written into out [B, Lq, heads, 128]. Returns the compiled kernel (its n_spills)."""
     b, lq, heads, dim = out.shape
     bh, lqp, _ = ops.q8.shape
     lp = ops.k8.shape[1]
     q_desc = _descriptor(ops.q8.view(bh * lqp, dim), [BLOCK_M, dim], gl.int8)
     k_desc = _descriptor(ops.k8.view(bh * lp, dim), [BLOCK_N, dim], gl.int8)
     v_desc = _descriptor(ops.vt.view(bh * dim, lp), [dim, BLOCK_N], gl.float8e4nv)
-    hopper_attention_kernel[(-(-lq // ROWS_PER_PROGRAM), bh)](
+    return hopper_attention_kernel[(-(-lq // ROWS_PER_PROGRAM), bh)](
         q_desc, k_desc, v_desc, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length, lp, lq,
         lqp, heads, *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
-        GROUPS=GROUPS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS)
+        GROUPS=GROUPS, CONSUMER_REGS=CONSUMER_REGS, P_EARLY=P_EARLY, num_warps=4,
+        maxnreg=MAX_REGS)

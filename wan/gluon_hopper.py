@@ -1,0 +1,32 @@
+"""What the two Hopper attention kernels need to know about the Triton release that builds them:
+Gluon (Triton's lower-level dialect) is experimental, and releases rename its functions and
+allocate a kernel's registers differently. The facts, taken once:
+
+- `tma_load`: a TMA copy of one block from global into shared memory, signalled on an mbarrier.
+  Triton 3.6 and 3.7 (PyTorch 2.11-2.13) call it `tma.async_copy_global_to_shared`; 3.8 adds
+  `tma.async_load`, and 3.9 keeps only that name (the old one raises when a kernel is built).
+- `STORE_P_EARLY`: where the fp8 kernel's consumer groups store P to shared memory. Triton 3.6
+  and 3.7 build the kernel fastest with P stored when the group next multiplies (~890 TFLOP/s
+  on the H100, against ~830 stored early); 3.8 spills registers in that order (~760, below the
+  portable kernel) and builds the early store without spills (~865). The bits are the same.
+  bench/results/2026-11-26-h100-triton-releases/ has the measurements.
+
+Imported only where Triton has Gluon (gpu_support.import_gluon_kernel turns a Triton without
+these names into a reason the kernels cannot run)."""
+
+import re
+
+import triton
+from triton.experimental.gluon.language.nvidia.hopper import tma
+
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a Triton version string ("3.8.0", "3.9.0+git1234"); (0, 0) if it has
+    none."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+STORE_P_EARLY = release(triton.__version__) >= (3, 8)

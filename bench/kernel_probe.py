@@ -81,8 +81,10 @@ def _compile_gluon_for_sm90(module, fn, types: dict[str, str], unaligned: tuple[
                and name not in unaligned and not name.endswith("_desc")]
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": module.MAX_REGS})
+    options = {"num_warps": 4, "maxnreg": module.MAX_REGS}
+    if getattr(module, "PTXAS_OPTIONS", None):
+        options["ptx_options"] = module.PTXAS_OPTIONS
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def compile_hopper_for_sm90():

@@ -39,19 +39,22 @@ def _new_name(*args):
     return "new"
 
 
-@pytest.mark.parametrize("version, tma, load, early", [
-    ("3.6.0", types.SimpleNamespace(async_copy_global_to_shared=_old_name), _old_name, False),
-    ("3.7.1", types.SimpleNamespace(async_copy_global_to_shared=_old_name), _old_name, False),
+@pytest.mark.parametrize("version, tma, load, early, ptxas", [
+    ("3.6.0", types.SimpleNamespace(async_copy_global_to_shared=_old_name), _old_name, False,
+     None),
+    ("3.7.1", types.SimpleNamespace(async_copy_global_to_shared=_old_name), _old_name, False,
+     None),
     ("3.8.0", types.SimpleNamespace(async_copy_global_to_shared=_old_name,
-                                    async_load=_new_name), _new_name, True),
+                                    async_load=_new_name), _new_name, True, "-O1"),
     ("3.9.0+git1a2b3c", types.SimpleNamespace(async_copy_global_to_shared=_old_name,
-                                              async_load=_new_name), _new_name, True),
+                                              async_load=_new_name), _new_name, True, "-O1"),
 ])
-def test_each_triton_release_gets_its_load_and_its_order_of_p(monkeypatch, version, tma, load,
-                                                              early):
+def test_each_triton_release_gets_its_load_and_its_build_of_the_fp8_kernel(
+        monkeypatch, version, tma, load, early, ptxas):
     module = _load(monkeypatch, version, tma)
     assert module.tma_load is load
     assert module.STORE_P_EARLY is early
+    assert module.FP8_PTXAS_OPTIONS == ptxas
 
 
 def test_release_numbers_are_read_from_version_strings(monkeypatch):

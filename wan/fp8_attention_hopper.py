@@ -39,7 +39,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # the portable kernel's constants (the same numerics, bit for bit)
 from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2, key_order
-from .gluon_hopper import STORE_P_EARLY, tma_load
+from .gluon_hopper import FP8_PTXAS_OPTIONS, STORE_P_EARLY, tma_load
 
 BLOCK_N = K_BLOCK.value  # keys per block: the key scales' block
 BLOCK_M = 64  # query rows per consumer group (one warp group's tensor-core tile)
@@ -49,14 +49,15 @@ STAGES = 3  # key/value buffers (2 and 4 were no faster on the H100: bench/resul
 CONSUMER_REGS = 160  # per consumer thread; the producer's 4 warps keep the rest (32)
 MAX_REGS = 128  # per thread at launch: 16 warps x 32 x 128 fill the register file
 # local memory (spilled registers) a thread may take, in 4-byte words (CompiledKernel.n_spills),
-# before `auto` takes the portable kernel instead. On the H100 (bench/results/2026-11-26-h100-
-# triton-releases/): Triton 3.6 builds this kernel with 16 at ~890 TFLOP/s; 3.8 built the other
-# order of P's store with 26 at ~760, under the portable kernel's ~780; 3.9 builds it with 74
-# at ~415.
-SPILL_LIMIT_WORDS = 20
+# before `auto` takes the portable kernel instead: a net for Triton releases that build this
+# kernel worse than those measured. On the H100 (bench/results/2026-11-26-h100-triton-releases/):
+# Triton 3.6 builds it with 16-20 at ~880 TFLOP/s; ptxas at -O3 built it with 26 on 3.8 (~760,
+# the portable kernel's speed) and 74 on 3.9 (~415); as built now, 0-14 on 3.8 and 3.9.
+SPILL_LIMIT_WORDS = 24
 # where a consumer stores P: right after its softmax (True) or when it next multiplies (False);
 # the same bits, but Triton releases allocate registers differently (gluon_hopper.py)
 P_EARLY = STORE_P_EARLY
+PTXAS_OPTIONS = FP8_PTXAS_OPTIONS  # ptxas options for this kernel ("-O1"), or None: its default
 HEAD_DIM = 128
 
 
@@ -278,4 +279,4 @@ def attend(ops, out: torch.Tensor):
         q_desc, k_desc, v_desc, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length, lp, lq,
         lqp, heads, *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         GROUPS=GROUPS, CONSUMER_REGS=CONSUMER_REGS, P_EARLY=P_EARLY, num_warps=4,
-        maxnreg=MAX_REGS)
+        maxnreg=MAX_REGS, **({"ptx_options": PTXAS_OPTIONS} if PTXAS_OPTIONS else {}))

@@ -5,11 +5,14 @@ allocate a kernel's registers differently. The facts, taken once:
 - `tma_load`: a TMA copy of one block from global into shared memory, signalled on an mbarrier.
   Triton 3.6 and 3.7 (PyTorch 2.11-2.13) call it `tma.async_copy_global_to_shared`; 3.8 adds
   `tma.async_load`, and 3.9 keeps only that name (the old one raises when a kernel is built).
-- `STORE_P_EARLY`: where the fp8 kernel's consumer groups store P to shared memory. Triton 3.6
-  and 3.7 build the kernel fastest with P stored when the group next multiplies (~890 TFLOP/s
-  on the H100, against ~830 stored early); 3.8 spills registers in that order (~760, below the
-  portable kernel) and builds the early store without spills (~865). The bits are the same.
-  bench/results/2026-11-26-h100-triton-releases/ has the measurements.
+- `STORE_P_EARLY` and `FP8_PTXAS_OPTIONS`: where the fp8 kernel's consumer groups store P to
+  shared memory, and how ptxas builds it. Triton 3.6 and 3.7 build it fastest as it was written
+  first: P stored when the group next multiplies, ptxas at its default -O3 (~880 TFLOP/s on the
+  H100). From 3.8 on, ptxas at -O3 keeps part of the float32 accumulator in local memory (3.8:
+  ~760, 3.9: ~415, both under the portable kernel's ~760); at -O1 nothing spills, and with P
+  stored right after the softmax the kernel runs at 873-908 on 3.8 and 876-885 on 3.9. The bits
+  are the same in every form. bench/results/2026-11-26-h100-triton-releases/ has the
+  measurements.
 
 Imported only where Triton has Gluon (gpu_support.import_gluon_kernel turns a Triton without
 these names into a reason the kernels cannot run)."""
@@ -30,3 +33,4 @@ def release(version: str) -> tuple[int, int]:
 
 
 STORE_P_EARLY = release(triton.__version__) >= (3, 8)
+FP8_PTXAS_OPTIONS = "-O1" if release(triton.__version__) >= (3, 8) else None

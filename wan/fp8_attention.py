@@ -233,7 +233,7 @@ def _hopper_build_problem() -> str | None:
 
 def _hopper_auto_problem() -> str | None:
     """Why `auto` does not run the Hopper kernel: it cannot (_hopper_build_problem) or this
-    Triton builds it slower than the portable kernel; or None."""
+    Triton built it with its registers spilled (_check_hopper_build); or None."""
     return _hopper_build_problem() or (_HOPPER_SLOW[0] if _HOPPER_SLOW else None)
 
 

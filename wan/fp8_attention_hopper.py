@@ -17,9 +17,9 @@ of one head:
   mostly) leave no room for P as a register operand, hence the shared buffer;
 - P's columns are stored in the order of V's keys (fp8_attention_kernels.key_order): the values
   are stored so, and the product sums over keys in any order;
-- whether a group stores P right after its softmax or when it next multiplies follows the Triton
-  release that builds the kernel (gluon_hopper.STORE_P_EARLY: each is the one that release
-  builds without spilling registers); the output is the same.
+- whether a group stores P right after its softmax or when it next multiplies, and the ptxas
+  options, follow the Triton release that builds the kernel (gluon_hopper.py: each release's
+  fastest measured build); the output is the same.
 
 Operands as fp8_attention_kernels documents (q8, k8, vt, their scales; rows padded to 128).
 Needs more than one block of keys (L > 128): fp8_attention.py sends shorter ones to the portable

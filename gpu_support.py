@@ -54,11 +54,12 @@ def spill_problem(compiled, limit_words: int) -> str | None:
     words = getattr(compiled, "n_spills", None)
     if not isinstance(words, int) or words <= limit_words:
         return None
-    return (f"Triton {_triton_version()} builds it with {4 * words} bytes of local memory a "
+    return (f"Triton {triton_version()} builds it with {4 * words} bytes of local memory a "
             f"thread (spilled registers; the kernel is fast with at most {4 * limit_words})")
 
 
-def _triton_version() -> str:
+def triton_version() -> str:
+    """The installed Triton's version (what our kernels are built with), without importing it."""
     try:
         return importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:

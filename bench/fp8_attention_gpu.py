@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from wan_enhanced.bench.harness import bench_ms, device_name, save_result
+from wan_enhanced.gpu_support import triton_version
 from wan_enhanced.wan import bf16_attention as ba, fp8_attention as fa
 from wan_enhanced.wan.attention import get_backend
 
@@ -190,8 +191,9 @@ def main(argv=None) -> int:
         return 2
     rows = [run_shape(name, args, device) for name in args.shape]
     meta = {"device": device_name(device), "torch": torch.__version__,
-            "command": " ".join(sys.argv)}
-    table = markdown(rows)
+            "triton": triton_version(), "command": " ".join(sys.argv)}
+    table = (f"Device: {meta['device']}, torch {meta['torch']}, Triton {meta['triton']}.\n\n"
+             + markdown(rows))
     save_result(args.out, "fp8_attention", {"meta": meta, "rows": rows}, table)
     print(table)
     return 0

@@ -56,6 +56,7 @@ from wan_enhanced.bench import gpu_timeline as timeline
 from wan_enhanced.bench import harness as peer
 
 from wan_enhanced.atomic_files import write_atomically
+from wan_enhanced.gpu_support import triton_version
 from wan_enhanced.profiling.kernels import profiled as kernels_of
 from wan_enhanced.quant import quantize_block_linears
 from wan_enhanced.wan.dit import WanDiT
@@ -275,7 +276,9 @@ def markdown(data: dict) -> str:
     repeats = {}
     for r in data["rows"]:
         repeats.setdefault(r["case"], r.get("repeats", data["meta"]["repeats"]))
-    lines = [f"Device: {data['meta']['device']}, torch {data['meta']['torch']}, ComfyUI "
+    triton = data["meta"].get("triton")  # results saved before it was recorded lack it
+    lines = [f"Device: {data['meta']['device']}, torch {data['meta']['torch']}"
+             + (f", Triton {triton}" if triton else "") + ", ComfyUI "
              f"{data['meta']['comfyui']}; one DiT forward, ours and ComfyUI's timed in turns, "
              f"median of " + ", ".join(f"{n} ({case})" for case, n in repeats.items()) + ".",
              "", "| case | mode | ours ms | ComfyUI ms | ours / ComfyUI | ours vs fp32 (max rel / "
@@ -331,7 +334,8 @@ def start_peer(tool: str, args: argparse.Namespace, importer) -> tuple | None:
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "device": (torch.cuda.get_device_name() if device.type == "cuda"
                        else platform.processor()),
-            "torch": torch.__version__, "comfyui": peer.comfy_version(args.comfyui.resolve()),
+            "torch": torch.__version__, "triton": triton_version(),
+            "comfyui": peer.comfy_version(args.comfyui.resolve()),
             "repeats": args.repeats, "command": " ".join(sys.argv), "quick": args.quick}
     return device, comfy, meta
 

@@ -55,3 +55,18 @@ def test_rows_are_replaced_per_case_and_mode(peer_comfy, tmp_path):
     peer_comfy.save(tmp_path, [row("dit_1_3b", "bf16_eager", 2.0)], {**meta, "command": "y"}, {})
     saved = json.loads((tmp_path / "peer_comfy.json").read_text())
     assert saved["commands"] == ["x", "y"]
+    assert table.startswith("Device: d, torch t, ComfyUI c;")  # saved before Triton was named
+
+
+def test_the_table_names_the_triton_that_built_our_kernels(peer_comfy, tmp_path):
+    """Our Hopper kernels build differently per Triton release, so a result says which one."""
+    meta = {"device": "d", "torch": "t", "triton": "3.9.0", "comfyui": "c", "repeats": 1,
+            "command": "x"}
+    row = {"case": "dit_5b", "video": "v", "mode": "bf16_eager", "comfy_mode": "bf16_eager",
+           "ours_ms": 1.0, "comfy_ms": 2.0, "ratio": 0.5,
+           "ours_vs_fp32": {"max_rel": 0.1, "rel_l2": 0.1},
+           "comfy_vs_fp32": {"max_rel": 0.2, "rel_l2": 0.2}, "ours_peak_activation_gib": 1,
+           "comfy_peak_activation_gib": 1, "ours_error": None, "comfy_error": None}
+    peer_comfy.save(tmp_path, [row], meta, {})
+    assert (tmp_path / "peer_comfy.md").read_text().startswith(
+        "Device: d, torch t, Triton 3.9.0, ComfyUI c;")

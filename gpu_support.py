@@ -59,11 +59,12 @@ def spill_problem(compiled, limit_words: int) -> str | None:
 
 
 def triton_version() -> str:
-    """The installed Triton's version (what our kernels are built with), without importing it."""
+    """The installed Triton's version (what our kernels are built with), without importing it;
+    "not installed" without one."""
     try:
         return importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
-        return "(unknown version)"
+        return "not installed"
 
 
 def kernel_operator(qualified_name: str, fn, fake, mutates: tuple[str, ...] = ()):

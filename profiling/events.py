@@ -80,6 +80,7 @@ import torch
 
 from .. import host
 from ..atomic_files import write_atomically
+from ..gpu_support import triton_version
 from .snapshot import NVML, cuda_index, reset_cuda_peaks, take_snapshot
 
 SCHEMA = "wan-enhanced-memory-events/1"
@@ -263,6 +264,7 @@ def host_info(device=None) -> dict:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "triton": triton_version(),  # what builds our kernels (they build differently per release)
         "cuda": torch.version.cuda,
         "platform": platform.platform(),
         "pid": os.getpid(),

@@ -3,6 +3,7 @@ loads a block by TMA, and where the fp8 kernel stores P. Checked against stand-i
 modules, so it runs without Triton; the module is loaded under a name of its own and never
 enters sys.modules as the package's."""
 
+import importlib.metadata
 import importlib.util
 import sys
 import types
@@ -63,3 +64,23 @@ def test_release_numbers_are_read_from_version_strings(monkeypatch):
     assert module.release("3.9.0") == (3, 9)
     assert module.release("3.10.2+gitabc") == (3, 10)
     assert module.release("dev") == (0, 0)
+
+
+def test_results_and_warnings_name_the_installed_triton(monkeypatch):
+    from wan_enhanced import gpu_support
+
+    def installed(name):
+        assert name == "triton"
+        return "3.9.0"
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", installed)
+    assert gpu_support.triton_version() == "3.9.0"
+    assert "Triton 3.9.0 builds it with 296 bytes" in gpu_support.spill_problem(
+        types.SimpleNamespace(n_spills=74), 24)
+    assert gpu_support.spill_problem(types.SimpleNamespace(n_spills=24), 24) is None
+    assert gpu_support.spill_problem(object(), 24) is None  # a launcher that says nothing
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert gpu_support.triton_version() == "not installed"

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from wan_enhanced import host
+from wan_enhanced import gpu_support, host
 from wan_enhanced.profiling import events as events_module
 from wan_enhanced.profiling import snapshot as snapshot_module
 from wan_enhanced.profiling.events import (
@@ -124,6 +124,7 @@ def test_without_cuda_the_gpu_fields_are_none(tmp_path, no_cuda):
     info = EventLog(tmp_path / "log.json").run["host"]
     assert info["device"] is None and info["device_total_bytes"] is None
     assert info["ram_total_bytes"] > 0 and info["torch"] == torch.__version__
+    assert info["triton"] == gpu_support.triton_version()
 
 
 def test_each_event_peak_covers_the_interval_since_the_previous_one(tmp_path, fake_cuda):

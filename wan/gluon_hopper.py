@@ -9,9 +9,9 @@ allocate a kernel's registers differently. The facts, taken once:
   shared memory, and how ptxas builds it. Triton 3.6 and 3.7 build it fastest as it was written
   first: P stored when the group next multiplies, ptxas at its default -O3 (~880 TFLOP/s on the
   H100). From 3.8 on, ptxas at -O3 keeps part of the float32 accumulator in local memory (3.8:
-  ~760, 3.9: ~415, both under the portable kernel's ~760); at -O1 nothing spills, and with P
-  stored right after the softmax the kernel runs at 873-908 on 3.8 and 876-885 on 3.9. The bits
-  are the same in every form. bench/results/2026-11-26-h100-triton-releases/ has the
+  ~760, the portable kernel's speed; 3.9: ~415); at -O1 nothing spills, and with P stored right
+  after the softmax the kernel runs at 873-908 on 3.8 and 876-921 on 3.9. The bits are the same
+  in every form. bench/results/2026-11-26-h100-triton-releases/ has the
   measurements.
 
 Imported only where Triton has Gluon (gpu_support.import_gluon_kernel turns a Triton without

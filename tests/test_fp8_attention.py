@@ -160,6 +160,16 @@ def test_a_hopper_gpu_without_the_kernel_falls_back_to_the_portable_one_with_a_w
     assert ran == [None, None, None]
 
 
+def _stand_in_hopper(monkeypatch, module, ran):
+    """A Hopper GPU whose Hopper kernel is `module`, the portable kernel noting its runs in `ran`,
+    and nothing yet known of the kernel's build."""
+    monkeypatch.setattr(fa, "_on_hopper", lambda t: True)
+    monkeypatch.setattr(fa, "_attend_portable", lambda o, t, config: ran.append("portable"))
+    monkeypatch.setattr(fa, "_hopper_module", lambda: module)
+    for name in ("_HOPPER_FAILED", "_HOPPER_SLOW", "_HOPPER_CHECKED"):
+        monkeypatch.setattr(fa, name, [])
+
+
 def test_a_hopper_kernel_built_with_spilled_registers_leaves_auto_to_the_portable_one(
         monkeypatch):
     """Some Triton releases build the Hopper kernel with its registers spilled to local memory
@@ -179,12 +189,8 @@ def test_a_hopper_kernel_built_with_spilled_registers_leaves_auto_to_the_portabl
             ran.append("hopper")
             return types.SimpleNamespace(n_spills=74)
 
-    monkeypatch.setattr(fa, "_on_hopper", lambda t: True)
+    _stand_in_hopper(monkeypatch, Spilling, ran)
     monkeypatch.setattr(fa, "_hopper_device", lambda device: True)
-    monkeypatch.setattr(fa, "_attend_portable", lambda o, t, config: ran.append("portable"))
-    monkeypatch.setattr(fa, "_hopper_module", lambda: Spilling)
-    for name in ("_HOPPER_FAILED", "_HOPPER_SLOW", "_HOPPER_CHECKED"):
-        monkeypatch.setattr(fa, name, [])
     gpu_support._WARNED.clear()
     assert fa.hopper_rows_per_program(torch.device("cuda"), 128) == 192
     with pytest.warns(RuntimeWarning, match=r"Hopper kernel is slow here \(Triton .* 296 bytes "
@@ -213,11 +219,7 @@ def test_a_hopper_kernel_built_without_spills_stays_what_auto_runs(monkeypatch):
             ran.append("hopper")
             return types.SimpleNamespace(n_spills=16)  # what Triton 3.6 builds
 
-    monkeypatch.setattr(fa, "_on_hopper", lambda t: True)
-    monkeypatch.setattr(fa, "_attend_portable", lambda o, t, config: ran.append("portable"))
-    monkeypatch.setattr(fa, "_hopper_module", lambda: Lean)
-    for name in ("_HOPPER_FAILED", "_HOPPER_SLOW", "_HOPPER_CHECKED"):
-        monkeypatch.setattr(fa, name, [])
+    _stand_in_hopper(monkeypatch, Lean, ran)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fa.attend_quantized(ops, out)

@@ -32,5 +32,7 @@ def release(version: str) -> tuple[int, int]:
     return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
-STORE_P_EARLY = release(triton.__version__) >= (3, 8)
-FP8_PTXAS_OPTIONS = "-O1" if release(triton.__version__) >= (3, 8) else None
+# from 3.8 on, ptxas at -O3 spills the fp8 kernel's accumulator: both choices below follow it
+_SPILLS_AT_O3 = release(triton.__version__) >= (3, 8)
+STORE_P_EARLY = _SPILLS_AT_O3
+FP8_PTXAS_OPTIONS = "-O1" if _SPILLS_AT_O3 else None

@@ -166,8 +166,9 @@ def _stand_in_hopper(monkeypatch, module, ran):
     monkeypatch.setattr(fa, "_on_hopper", lambda t: True)
     monkeypatch.setattr(fa, "_attend_portable", lambda o, t, config: ran.append("portable"))
     monkeypatch.setattr(fa, "_hopper_module", lambda: module)
-    for name in ("_HOPPER_FAILED", "_HOPPER_SLOW", "_HOPPER_CHECKED"):
+    for name in ("_HOPPER_FAILED", "_HOPPER_SLOW"):
         monkeypatch.setattr(fa, name, [])
+    monkeypatch.setattr(fa, "_HOPPER_CHECKED", {})
 
 
 def test_a_hopper_kernel_built_with_spilled_registers_leaves_auto_to_the_portable_one(
@@ -225,6 +226,43 @@ def test_a_hopper_kernel_built_without_spills_stays_what_auto_runs(monkeypatch):
         fa.attend_quantized(ops, out)
         fa.attend_quantized(ops, out)
     assert ran == ["hopper", "hopper"] and fa._HOPPER_SLOW == []
+
+
+def test_each_build_of_the_hopper_kernel_is_checked_the_first_time_it_runs(monkeypatch):
+    """Triton builds a kernel once per specialization (lengths that are multiples of 16 or not,
+    ...), and releases allocate each build's registers apart: a lean first build says nothing
+    of a later one. Every build is checked once, the first time it runs (not on every call),
+    and the first spilled one leaves auto to the portable kernel, said once."""
+    ops = _cpu_operands(300)
+    out = torch.empty(1, 300, 2, 128, dtype=torch.bfloat16)
+    ran, checked = [], []
+    lean, spilled = types.SimpleNamespace(n_spills=16), types.SimpleNamespace(n_spills=30)
+    builds = iter([lean, lean, spilled])
+
+    class TwoBuilds:
+        SPILL_LIMIT_WORDS = 24
+
+        @staticmethod
+        def attend(ops, out):
+            ran.append("hopper")
+            return next(builds)
+
+    _stand_in_hopper(monkeypatch, TwoBuilds, ran)
+    real_check = fa.spill_problem
+    monkeypatch.setattr(fa, "spill_problem",
+                        lambda compiled, limit: checked.append(compiled) or real_check(compiled,
+                                                                                      limit))
+    gpu_support._WARNED.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fa.attend_quantized(ops, out)
+        fa.attend_quantized(ops, out)  # the same build: not checked again
+    assert checked == [lean] and fa._HOPPER_SLOW == []
+    with pytest.warns(RuntimeWarning, match=r"Hopper kernel is slow here .*120 bytes.*at most 96"):
+        fa.attend_quantized(ops, out)  # another specialization's build, spilled
+    assert checked == [lean, spilled]
+    fa.attend_quantized(ops, out)
+    assert ran == ["hopper"] * 3 + ["portable"]
 
 
 def test_every_autotuned_configuration_computes_the_same_bits():

@@ -217,9 +217,12 @@ def _on_hopper(t: torch.Tensor) -> bool:
 
 _HOPPER_FAILED: list[str] = []  # the first launch's error, if it had one
 # why auto leaves the Hopper kernel although it builds (this Triton spills its registers), once
-# the first launch has said so; the first launch's output stands (it is correct, only slow)
+# a build's first launch has said so; that launch's output stands (it is correct, only slow)
 _HOPPER_SLOW: list[str] = []
-_HOPPER_CHECKED: list[bool] = []
+# the builds checked so far, by id (kept, so that no other object takes an id): Triton builds the
+# kernel once per specialization (lengths multiples of 16 or not, ...), each with registers of
+# its own (on Triton 3.6 the 5B shape's build keeps 16 words in local memory, another 18)
+_HOPPER_CHECKED: dict[int, object] = {}
 
 
 def _hopper_build_problem() -> str | None:
@@ -238,14 +241,14 @@ def _hopper_auto_problem() -> str | None:
 
 
 def _check_hopper_build(compiled) -> None:
-    """After the Hopper kernel's first launch: where this Triton built it with its registers
-    spilled (gpu_support.spill_problem), auto runs the portable kernel from then on, and says
-    so once."""
-    if _HOPPER_CHECKED:
+    """After a launch of the Hopper kernel, the first time its build (`compiled`) runs: where
+    this Triton built it with its registers spilled (gpu_support.spill_problem), auto runs the
+    portable kernel from then on, and says so once."""
+    if id(compiled) in _HOPPER_CHECKED:
         return
-    _HOPPER_CHECKED.append(True)
+    _HOPPER_CHECKED[id(compiled)] = compiled
     problem = spill_problem(compiled, _hopper_module().SPILL_LIMIT_WORDS)
-    if problem is not None:
+    if problem is not None and not _HOPPER_SLOW:
         _HOPPER_SLOW.append(problem)
         warn_once(f"fp8 attention: the Hopper kernel is slow here ({problem}); the portable "
                   "Triton kernel runs instead")

@@ -14,6 +14,15 @@ import torch
 # decided at import: under torch.compile a lookup inside traced code would split the graph
 TRITON = importlib.util.find_spec("triton") is not None
 
+# How every Triton kernel of this package is built (launch keyword arguments), whatever the
+# Triton release's defaults: a * b + c as one fused multiply-add, as the kernels were written and
+# measured. Triton 3.9 warns that its default turns fusion off in 3.10 (PyTorch 2.16); built so,
+# each product-sum of our kernels would round twice (other bits) and take two instructions (the
+# fp8 attention kernel's loop: 637 instead of 505 a block of keys, offline on Triton 3.9). A
+# kernel that must round like PyTorch's separate steps passes enable_fp_fusion=False itself
+# (quant/kernels.py). TRITON_FORCE_DISABLE_FP_FUSION, set by a user, still rules.
+KERNEL_OPTIONS = {"enable_fp_fusion": True}
+
 
 def triton_kernels_usable(x: torch.Tensor) -> bool:
     """Our Triton kernels can run on x's device (an NVIDIA GPU, Triton installed)."""

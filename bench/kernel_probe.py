@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from wan_enhanced.gpu_support import KERNEL_OPTIONS
+
 POINTERS = {"q_ptr": "*i8", "k_ptr": "*i8", "vt_ptr": "*fp8e4nv", "qs_ptr": "*fp32",
             "ks_ptr": "*fp32", "vs_ptr": "*fp32", "o_ptr": "*bf16"}
 DEFAULT_CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3))
@@ -54,7 +56,7 @@ def compile_portable(block_m: int, block_n: int, warps: int, stages: int, pv_fp8
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": warps, "num_stages": stages})
+                          options={"num_warps": warps, "num_stages": stages, **KERNEL_OPTIONS})
 
 
 def _descriptor_type(dtype: str, block: tuple[int, int], bits: int = 8) -> str:
@@ -81,7 +83,7 @@ def _compile_gluon_for_sm90(module, fn, types: dict[str, str], unaligned: tuple[
                and name not in unaligned and not name.endswith("_desc")]
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    options = {"num_warps": 4, "maxnreg": module.MAX_REGS}
+    options = {"num_warps": 4, "maxnreg": module.MAX_REGS, **KERNEL_OPTIONS}
     if getattr(module, "PTXAS_OPTIONS", None):
         options["ptx_options"] = module.PTXAS_OPTIONS
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..gpu_support import kernel_operator, triton_kernels_usable
+from ..gpu_support import KERNEL_OPTIONS, kernel_operator, triton_kernels_usable
 from ..quant.rowwise import FP8, quantize_rows
 
 # the kernel keeps a block of rows of the stacked up factors in registers
@@ -71,7 +71,7 @@ def _launch(codes: torch.Tensor, scale: torch.Tensor, up: torch.Tensor, down: to
         return (-(-n // meta["BLOCK_N"]),)
 
     fp8_sum_rows_kernel[grid](codes.contiguous(), scale.contiguous(), up, down, out_codes,
-                              out_scale, alpha, n, k, R=down.shape[0])
+                              out_scale, alpha, n, k, R=down.shape[0], **KERNEL_OPTIONS)
     return out_codes, out_scale
 
 

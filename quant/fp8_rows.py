@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..gpu_support import kernel_operator, triton_kernels_usable
+from ..gpu_support import KERNEL_OPTIONS, kernel_operator, triton_kernels_usable
 from .rowwise import FP8, quantize_rows
 
 MAX_WIDTH = 32768  # one row in one program's registers
@@ -62,7 +62,7 @@ def launch_rows(x: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = 
     fp8_rows_kernel[(rows,)](x, x if bias is None else bias.contiguous(), codes, scales, width,
                              HAS_BIAS=bias is not None, GELU=gelu, PART0=parts[0],
                              PART1=parts[1], PART2=parts[2], PART3=parts[3],
-                             num_warps=warps or row_warps(width))
+                             num_warps=warps or row_warps(width), **KERNEL_OPTIONS)
     return codes, scales
 
 

@@ -25,6 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ..gpu_support import KERNEL_OPTIONS
 from .gluon_hopper import tma_load
 
 BLOCK_N = 128  # keys per block
@@ -208,4 +209,4 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     hopper_bf16_attention_kernel[(-(-lq // ROWS_PER_PROGRAM), b * heads)](
         q_desc, k_desc, v_desc, out, LOG2E / math.sqrt(dim), length, lq, heads,
         *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
-        CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS)
+        CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS, **KERNEL_OPTIONS)

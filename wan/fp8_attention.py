@@ -30,8 +30,8 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from ..gpu_support import (TRITON, fp8_unavailable, import_gluon_kernel, kernel_operator,
-                           spill_problem, warn_once)
+from ..gpu_support import (KERNEL_OPTIONS, TRITON, fp8_unavailable, import_gluon_kernel,
+                           kernel_operator, spill_problem, warn_once)
 from .glue import head_parts, rms_norm_heads
 from .sdpa import sdpa
 
@@ -156,7 +156,7 @@ def query_codes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = q.new_empty(bh, lqp, dtype=torch.float32)
     kernels.quantize_q_kernel[(lqp // K_BLOCK, bh)](
         q, codes, scales, lq, lqp, heads, *q.stride()[:3], LOG2E / math.sqrt(dim),
-        BLOCK=K_BLOCK, D=dim)
+        BLOCK=K_BLOCK, D=dim, **KERNEL_OPTIONS)
     return codes, scales
 
 
@@ -187,9 +187,9 @@ def quantize_keys(k: torch.Tensor, v: torch.Tensor, pv_fp8: bool = True) -> Fp8K
     k_mean = k.mean(dim=1, dtype=torch.float32).reshape(bh, dim).contiguous()
     grid = (lp // K_BLOCK, bh)
     kernels.quantize_k_kernel[grid](k, k_mean, keys.k8, keys.k_scale, length, lp, heads,
-                                    *k.stride()[:3], BLOCK=K_BLOCK, D=dim)
+                                    *k.stride()[:3], BLOCK=K_BLOCK, D=dim, **KERNEL_OPTIONS)
     kernels.quantize_vt_kernel[grid](v, keys.v_scale, keys.vt, length, lp, heads, *v.stride()[:3],
-                                     BLOCK=K_BLOCK, D=dim)
+                                     BLOCK=K_BLOCK, D=dim, **KERNEL_OPTIONS)
     return keys
 
 
@@ -319,10 +319,10 @@ def _attend_portable(ops: Fp8Operands, out: torch.Tensor, config: dict | None) -
     def grid(meta):
         return (triton_cdiv(lq, meta["BLOCK_M"]), bh)
 
-    portable = kernels.attention_kernel if config is None else kernels.attention_kernel.fn
-    portable[grid](ops.q8, ops.k8, ops.vt, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length,
-                   lp, lq, lqp, heads, *out.stride()[:3], D=dim, KB=K_BLOCK, PV_FP8=ops.pv_fp8,
-                   **(config or {}))
+    kernel = kernels.attention_kernel if config is None else kernels.attention_kernel.fn
+    kernel[grid](ops.q8, ops.k8, ops.vt, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length,
+                 lp, lq, lqp, heads, *out.stride()[:3], D=dim, KB=K_BLOCK, PV_FP8=ops.pv_fp8,
+                 **(config or {}), **KERNEL_OPTIONS)
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -355,7 +355,7 @@ def normed_query_codes(q: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor,
     first, second, warps = head_parts(heads, dim)  # rms_norm_heads' launch: its sums in its order
     kernels.normed_query_kernel[(b * lq,)](
         q.contiguous(), weight, cos, sin, q8, scales, width, eps, lq, start, heads, lqp,
-        score_scale, HEADS0=first, HEADS1=second, D=dim, num_warps=warps)
+        score_scale, HEADS0=first, HEADS1=second, D=dim, num_warps=warps, **KERNEL_OPTIONS)
     return q8, scales
 
 

@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # the portable kernel's constants (the same numerics, bit for bit)
+from ..gpu_support import KERNEL_OPTIONS
 from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2, key_order
 from .gluon_hopper import FP8_PTXAS_OPTIONS, STORE_P_EARLY, tma_load
 
@@ -279,4 +280,5 @@ def attend(ops, out: torch.Tensor):
         q_desc, k_desc, v_desc, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length, lp, lq,
         lqp, heads, *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         GROUPS=GROUPS, CONSUMER_REGS=CONSUMER_REGS, P_EARLY=P_EARLY, num_warps=4,
-        maxnreg=MAX_REGS, **({"ptx_options": PTXAS_OPTIONS} if PTXAS_OPTIONS else {}))
+        maxnreg=MAX_REGS, **({"ptx_options": PTXAS_OPTIONS} if PTXAS_OPTIONS else {}),
+        **KERNEL_OPTIONS)

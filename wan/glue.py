@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..gpu_support import kernel_operator, triton_kernels_usable
+from ..gpu_support import KERNEL_OPTIONS, kernel_operator, triton_kernels_usable
 from ..quant.fp8_rows import row_parts
 from ..quant.rowwise import FP8, RowCodes, quantize_rows
 from .rope import RotaryTable
@@ -104,7 +104,7 @@ def _norm(x, eps, dtype, shift=None, scale=None, weight=None, bias=None) -> torc
         x, table, x if scale is None else scale, x if weight is None else weight,
         x if bias is None else bias, out, length, d, x.stride(0), x.stride(1), rows_per_group,
         table.stride(0), table.stride(1), eps, MODULATE=shift is not None,
-        AFFINE=weight is not None, BLOCK_D=block, num_warps=warps)
+        AFFINE=weight is not None, BLOCK_D=block, num_warps=warps, **KERNEL_OPTIONS)
     return out
 
 
@@ -206,7 +206,7 @@ def launch_norm_codes(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tenso
         table.stride(1), eps, UPDATE=y is not None, GATED=gate is not None,
         MODULATE=shift is not None, AFFINE=weight is not None, ROUNDING=rounding,
         PART0=parts[0], PART1=parts[1], PART2=parts[2], PART3=parts[3],
-        num_warps=warps or CODES_WARPS)
+        num_warps=warps or CODES_WARPS, **KERNEL_OPTIONS)
     return codes, scales
 
 
@@ -262,7 +262,8 @@ def add_gated_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> t
     rows_per_group = length // gate.shape[1] if gate is not None else length
     _kernels().add_gated_kernel[(b * length,)](
         x, y, table, length, d, x.stride(0), x.stride(1), rows_per_group, table.stride(0),
-        table.stride(1), GATED=gate is not None, BLOCK_D=block, num_warps=warps)
+        table.stride(1), GATED=gate is not None, BLOCK_D=block, num_warps=warps,
+        **KERNEL_OPTIONS)
     return x
 
 
@@ -313,7 +314,8 @@ def _rms_norm_rope(t: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor | No
     rotate = cos is not None
     _kernels().rms_norm_rope_kernel[(b * length,)](
         t, weight, cos if rotate else t, sin if rotate else t, out, width, eps, length, start,
-        ROTATE=rotate, HEADS0=first, HEADS1=second, D=width // heads, num_warps=warps)
+        ROTATE=rotate, HEADS0=first, HEADS1=second, D=width // heads, num_warps=warps,
+        **KERNEL_OPTIONS)
     return out
 
 

@@ -66,7 +66,7 @@ def _descriptor_type(dtype: str, block: tuple[int, int], bits: int = 8) -> str:
 
 def _compile_gluon_for_sm90(module, fn, types: dict[str, str], unaligned: tuple[str, ...]):
     """A Hopper kernel of `module` (its HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMER_REGS,
-    MAX_REGS) with its launcher's settings: `types` for the descriptors and pointers, every
+    BUILD_OPTIONS) with its launcher's settings: `types` for the descriptors and pointers, every
     other integer argument but `unaligned` a multiple of 16, as the launcher specializes them."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -83,10 +83,8 @@ def _compile_gluon_for_sm90(module, fn, types: dict[str, str], unaligned: tuple[
                and name not in unaligned and not name.endswith("_desc")]
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    options = {"num_warps": 4, "maxnreg": module.MAX_REGS, **KERNEL_OPTIONS}
-    if getattr(module, "PTXAS_OPTIONS", None):
-        options["ptx_options"] = module.PTXAS_OPTIONS
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={**module.BUILD_OPTIONS, **KERNEL_OPTIONS})
 
 
 def compile_hopper_for_sm90():

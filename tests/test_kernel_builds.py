@@ -3,22 +3,17 @@ states its floating-point fusion (gpu_support.KERNEL_OPTIONS), which Triton 3.9 
 off by default from 3.10 on."""
 
 import ast
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-SKIP = {"tests", "bench", "conformance", "build", "api_workflows", "example_workflows"}
+from test_import_graph import ROOT, _modules
 
 
 def _launches():
     """Every Triton launch in the package's source, `kernel[grid](...)` (the subscripted name ends
     in "kernel"), as ("file:line", its keyword names, whether it unpacks KERNEL_OPTIONS)."""
     found = []
-    for path in ROOT.rglob("*.py"):
+    for path in _modules().values():
         rel = path.relative_to(ROOT)
-        if rel.parts[0] in SKIP or rel.parts[0].startswith("."):
-            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
                 continue

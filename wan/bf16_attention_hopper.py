@@ -34,6 +34,8 @@ ROWS_PER_PROGRAM = 2 * BLOCK_M  # query rows a program takes (its two groups')
 STAGES = 3  # key/value buffers, 64 KiB each in 16 bits (2 were much slower on the H100)
 CONSUMER_REGS = 240
 MAX_REGS = 168  # per thread at launch: 12 warps (4 + 4 + the producer's group) x 32 x 168 fit
+# how the launch builds it, but for gpu_support.KERNEL_OPTIONS (kernel_probe builds it alike)
+BUILD_OPTIONS = {"num_warps": 4, "maxnreg": MAX_REGS}
 HEAD_DIM = 128
 LOG2E = 1.4426950408889634
 _GL_TYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -209,4 +211,4 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     hopper_bf16_attention_kernel[(-(-lq // ROWS_PER_PROGRAM), b * heads)](
         q_desc, k_desc, v_desc, out, LOG2E / math.sqrt(dim), length, lq, heads,
         *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
-        CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS, **KERNEL_OPTIONS)
+        CONSUMER_REGS=CONSUMER_REGS, **BUILD_OPTIONS, **KERNEL_OPTIONS)

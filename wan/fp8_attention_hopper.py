@@ -59,6 +59,9 @@ SPILL_LIMIT_WORDS = 24
 # the same bits, but Triton releases allocate registers differently (gluon_hopper.py)
 P_EARLY = STORE_P_EARLY
 PTXAS_OPTIONS = FP8_PTXAS_OPTIONS  # ptxas options for this kernel ("-O1"), or None: its default
+# how the launch builds it, but for gpu_support.KERNEL_OPTIONS (kernel_probe builds it alike)
+BUILD_OPTIONS = {"num_warps": 4, "maxnreg": MAX_REGS,
+                 **({"ptx_options": PTXAS_OPTIONS} if PTXAS_OPTIONS else {})}
 HEAD_DIM = 128
 
 
@@ -279,6 +282,5 @@ def attend(ops, out: torch.Tensor):
     return hopper_attention_kernel[(-(-lq // ROWS_PER_PROGRAM), bh)](
         q_desc, k_desc, v_desc, ops.q_scale, ops.k_scale, ops.v_scale, out, ops.length, lp, lq,
         lqp, heads, *out.stride()[:3], D=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
-        GROUPS=GROUPS, CONSUMER_REGS=CONSUMER_REGS, P_EARLY=P_EARLY, num_warps=4,
-        maxnreg=MAX_REGS, **({"ptx_options": PTXAS_OPTIONS} if PTXAS_OPTIONS else {}),
+        GROUPS=GROUPS, CONSUMER_REGS=CONSUMER_REGS, P_EARLY=P_EARLY, **BUILD_OPTIONS,
         **KERNEL_OPTIONS)

@@ -287,8 +287,8 @@ def attend_quantized(ops: Fp8Operands, out: torch.Tensor, config: dict | None = 
         raise ValueError(f"fp8 attention: kernel must be one of {KERNELS}; got {kernel!r}")
     if kernel != "portable" and config is None:
         reason = hopper_kernel_unavailable(ops, out)
-        if reason is None and kernel == "auto" and _HOPPER_SLOW:
-            reason = _HOPPER_SLOW[0]  # said when it was found
+        if reason is None and kernel == "auto":
+            reason = _hopper_auto_problem()  # a spilled build: said when it was found
         if reason is None:
             try:
                 compiled = _hopper_module().attend(ops, out)

@@ -40,7 +40,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # the portable kernel's constants (the same numerics, bit for bit)
 from ..gpu_support import KERNEL_OPTIONS
 from .fp8_attention_kernels import K_BLOCK, MAGIC_F, MAGIC_I, P_LOG2, key_order
-from .gluon_hopper import FP8_PTXAS_OPTIONS, STORE_P_EARLY, tma_load
+# where a consumer stores P: right after its softmax (True) or when it next multiplies (False),
+# and ptxas's options for this kernel ("-O1", or None: its default); the same bits, but
+# Triton releases allocate registers differently (gluon_hopper.py)
+from .gluon_hopper import FP8_PTXAS_OPTIONS, tma_load
+from .gluon_hopper import STORE_P_EARLY as P_EARLY
 
 BLOCK_N = K_BLOCK.value  # keys per block: the key scales' block
 BLOCK_M = 64  # query rows per consumer group (one warp group's tensor-core tile)
@@ -55,13 +59,9 @@ MAX_REGS = 128  # per thread at launch: 16 warps x 32 x 128 fill the register fi
 # Triton 3.6 builds it with 16-20 at ~880 TFLOP/s; ptxas at -O3 built it with 26 on 3.8 (~760,
 # the portable kernel's speed) and 74 on 3.9 (~415); as built now, 0-14 on 3.8 and 3.9.
 SPILL_LIMIT_WORDS = 24
-# where a consumer stores P: right after its softmax (True) or when it next multiplies (False);
-# the same bits, but Triton releases allocate registers differently (gluon_hopper.py)
-P_EARLY = STORE_P_EARLY
-PTXAS_OPTIONS = FP8_PTXAS_OPTIONS  # ptxas options for this kernel ("-O1"), or None: its default
 # how the launch builds it, but for gpu_support.KERNEL_OPTIONS (kernel_probe builds it alike)
 BUILD_OPTIONS = {"num_warps": 4, "maxnreg": MAX_REGS,
-                 **({"ptx_options": PTXAS_OPTIONS} if PTXAS_OPTIONS else {})}
+                 **({"ptx_options": FP8_PTXAS_OPTIONS} if FP8_PTXAS_OPTIONS else {})}
 HEAD_DIM = 128
 
 

@@ -61,8 +61,8 @@ from wan_enhanced.bench.harness import (CASES, GIB, QUICK_DIT, QUICK_LATENT, TIM
                                         free_memory, images_from_video, ours_dit, ours_vae,
                                         random_state, ratio, run_dtype, timed, vae_arguments,
                                         vae_config)
-from wan_enhanced.checkpoints.tiny import (_diffusers_config_json,
-                                           dit_ours_to_diffusers, vae_ours_to_diffusers)
+from wan_enhanced.checkpoints.keymaps import dit_ours_to_diffusers
+from wan_enhanced.checkpoints.tiny import _diffusers_config_json, vae_ours_to_diffusers
 from wan_enhanced.vae_tiling.budget import estimate_decode_bytes, plan_budget_tiles
 from wan_enhanced.vae_tiling.decode import decode_to_images
 from wan_enhanced.wan.configs import DiTConfig

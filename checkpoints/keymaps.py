@@ -68,6 +68,21 @@ def dit_diffusers_to_ours(key: str) -> str | None:
     return None if mapped is None else _join(mapped, leaf)
 
 
+_DIT_OURS_TOP = {v: k for k, v in _DIT_DIFFUSERS_TOP.items()}
+_DIT_OURS_BLOCK = {v: k for k, v in _DIT_DIFFUSERS_BLOCK.items()}
+
+
+def dit_ours_to_diffusers(key: str) -> str | None:
+    """diffusers' name of one of our DiT keys (None for a key diffusers has no name for)."""
+    block = re.match(r"blocks\.(\d+)\.(.+)$", key)
+    table, rest = (_DIT_OURS_BLOCK, block.group(2)) if block else (_DIT_OURS_TOP, key)
+    module, leaf = _split_module(rest)
+    if module not in table:
+        return None
+    mapped = _join(table[module], leaf)
+    return f"blocks.{block.group(1)}.{mapped}" if block else mapped
+
+
 def strip_prefix(keys: list[str]) -> str:
     """The DiT prefix most keys carry ('' if none)."""
     for prefix in DIT_PREFIXES:

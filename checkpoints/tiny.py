@@ -91,18 +91,6 @@ def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch
 
 # -- DiT ---------------------------------------------------------------------------------------
 
-_DIFFUSERS_TOP = {v: k for k, v in keymaps._DIT_DIFFUSERS_TOP.items()}
-_DIFFUSERS_BLOCK = {v: k for k, v in keymaps._DIT_DIFFUSERS_BLOCK.items()}
-
-
-def dit_ours_to_diffusers(key: str) -> str:
-    block = re.match(r"blocks\.(\d+)\.(.+)$", key)
-    table, rest = (_DIFFUSERS_BLOCK, block.group(2)) if block else (_DIFFUSERS_TOP, key)
-    module, leaf = keymaps._split_module(rest)
-    mapped = keymaps._join(table[module], leaf)
-    return f"blocks.{block.group(1)}.{mapped}" if block else mapped
-
-
 def random_dit_state(config: DiTConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     with torch.device("meta"):
         model = WanDiT(config)
@@ -180,7 +168,7 @@ def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str
     # config.json is complete (a write cut short leaves no config.json, so it is written again)
     path.mkdir(parents=True, exist_ok=True)
     if layout == "diffusers":
-        _atomic_save({dit_ours_to_diffusers(k): v for k, v in state.items()},
+        _atomic_save({keymaps.dit_ours_to_diffusers(k): v for k, v in state.items()},
                      path / "diffusion_pytorch_model.safetensors")
         _write_config(path, _diffusers_config_json(config))
         return path

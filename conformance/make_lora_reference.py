@@ -5,13 +5,16 @@ ComfyUI's own LoRA code, from the inputs conformance/lora_inputs.py wrote.
 
 Runs in ComfyUI's Python environment with ComfyUI's source folder COMFYUI_DIR on the path (it
 imports nothing of this package). For each case of cases.json it builds ComfyUI's Wan model
-(comfy.supported_models.WAN21_T2V, the tiny unet_config of cases.json, float32 on the CPU),
-loads base.safetensors into it, applies the case's LoRA chain the way ComfyUI's LoraLoader
+(comfy.supported_models.WAN21_T2V, the tiny unet_config of cases.json, on the CPU, in the dtype
+of the case's base file: float32 or bf16), loads the base into it, applies the case's LoRA chain the way ComfyUI's LoraLoader
 does (comfy.utils.load_torch_file, comfy.sd.load_lora_for_models, which runs
 comfy.lora_convert.convert_lora, comfy.lora.model_lora_keys_unet and comfy.lora.load_lora and
 adds the patches), computes every patched weight as ModelPatcher.patch_weight_to_device does
 (comfy.lora.calculate_weight and the weight adapters on a float32 copy) and stores it as
 `CASE/official.name`, float32.
+
+On a bf16 base the weights are ComfyUI's float32 result before its patcher rounds them back to
+bf16 (stochastically, seeded per key).
 
 calculate_weight is called directly rather than through ModelPatcher.patch_model: at the
 ComfyUI commit this was made with, the patcher patches only the parameters of leaf modules, so
@@ -44,7 +47,8 @@ def _import_comfy(comfy_dir: Path):
 def _model(comfy, torch, unet_config: dict, base: dict):
     config = dict(unet_config, patch_size=tuple(unet_config["patch_size"]))
     model_config = comfy.supported_models.WAN21_T2V(config)
-    model_config.set_inference_dtype(torch.float32, None)
+    dtype = next(v.dtype for k, v in base.items() if k.endswith("blocks.0.ffn.0.weight"))
+    model_config.set_inference_dtype(dtype, None)
     model = model_config.get_model({})
     model.load_model_weights(dict(base), "model.diffusion_model.")
     cpu = torch.device("cpu")
@@ -58,13 +62,16 @@ def main(argv: list[str]) -> int:
     from safetensors.torch import save_file
 
     description = json.loads((data / "cases.json").read_text())
-    base = comfy.utils.load_torch_file(str(data / description["base"]), safe_load=True)
+    bases = {}
     model_prefix = "diffusion_model."
     out, unpatched = {}, set()
     for case, spec in description["cases"].items():
-        patcher = _model(comfy, torch, description["unet_config"], base)
-        for name, strength in spec["comfyui_reads"]:
-            lora = comfy.utils.load_torch_file(str(data / name), safe_load=True)
+        name = spec.get("base", description["base"])
+        if name not in bases:
+            bases[name] = comfy.utils.load_torch_file(str(data / name), safe_load=True)
+        patcher = _model(comfy, torch, description["unet_config"], bases[name])
+        for lora_name, strength in spec["comfyui_reads"]:
+            lora = comfy.utils.load_torch_file(str(data / lora_name), safe_load=True)
             patcher, _ = comfy.sd.load_lora_for_models(patcher, None, lora, strength, 0)
         state = patcher.model.state_dict()
         merged = {}
@@ -74,8 +81,11 @@ def main(argv: list[str]) -> int:
             out[f"{case}/{key.removeprefix(model_prefix)}"] = merged[key].contiguous()
         patcher.patch_model(device_to=torch.device("cpu"))
         patched = patcher.model.state_dict()
+        # (on a bf16 base the patcher rounds the float32 result stochastically: the reference
+        # keeps the float32 result, and only float32 bases are checked for left-out keys)
         missed = sorted(k.removeprefix(model_prefix) for k in merged
-                        if not torch.equal(patched[k].float(), merged[k]))
+                        if state[k].dtype == torch.float32
+                        and not torch.equal(patched[k].float(), merged[k]))
         unpatched.update(missed)
         print(f"{case}: {len(merged)} weights patched"
               + (f"; left unpatched by ModelPatcher.patch_model: {missed}" if missed else ""))

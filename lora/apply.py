@@ -10,8 +10,10 @@ the module computes, and remembers what it holds:
   model's file, so taking a LoRA out or changing its strength is exact: nothing is subtracted);
 - unmerged: the block matrices' low-rank pairs and differences stay apart in wrappers
   (lora/layers.py); a strength change only changes their scales, another LoRA only swaps
-  factors. The changes outside the blocks' matrices (norms, modulation, embeddings, head) are
-  small and merged as above.
+  factors. LoHa and LoKr patches are formed into their full difference once (per version of the
+  file) and kept apart as such. The changes outside the blocks' matrices (norms, modulation,
+  embeddings, head) are small and merged as above, and so is DoRA, which rescales the weight
+  rather than adding a term to it.
 
 So a LoRA is never applied twice, a second chain on the same base needs no second copy of the
 model, and whatever another handle did to the module is undone when this one computes. All
@@ -30,10 +32,11 @@ import torch
 
 from ..checkpoints.reload import reload_tensors
 from ..wan.dit import is_block_linear
-from .file import Difference, LoraFile, LowRank, open_lora
+from .file import LoraFile, open_lora
 from .keymap import dit_shapes
 from .layers import official_tensors, unwrap_all, wrap, wrappers
 from .merge import Merge
+from .patches import Decomposed, Difference, LowRank, Patch, unscaled_delta
 
 MODES = ("merge", "unmerged")
 
@@ -101,8 +104,10 @@ def bring_to(model: torch.nn.Module, base_path: Path, quantization: str | None,
             files.append(open_lora(choice.path, dit_shapes(model.config)))
         wanted = _wanted(choices, files, stamps)
         unmerged = [(c, f, s) for c, f, s in zip(choices, files, stamps) if c.mode == "unmerged"]
+        shapes = dit_shapes(model.config)
         for choice, lora, stamp in unmerged:
-            _read_factors(choice, lora, stamp, model.compute_dtype)  # may fail: nothing changed
+            _read_factors(choice, lora, stamp, model.compute_dtype, shapes)  # may fail: nothing
+            # has changed yet
         rewrite = sorted(k for k in set(now.merged) | set(wanted.merged)
                          if now.merged.get(k) != wanted.merged.get(k))
         if rewrite:
@@ -117,17 +122,17 @@ def bring_to(model: torch.nn.Module, base_path: Path, quantization: str | None,
             lora.close()
 
 
-def _contributes(choice: LoraChoice, key: str) -> bool:
-    """Whether `choice` merges its patch of `key` (unmerged LoRAs keep the blocks' matrices
-    apart)."""
-    return choice.mode == "merge" or not is_block_linear(key)
+def _contributes(choice: LoraChoice, key: str, patch: Patch) -> bool:
+    """Whether `choice` merges its patch of `key`: all of a merged LoRA's; of an unmerged one,
+    those outside the blocks' matrices and DoRA's (a rescaling of the weight, not a term)."""
+    return choice.mode == "merge" or not is_block_linear(key) or isinstance(patch, Decomposed)
 
 
 def _wanted(choices, files, stamps) -> _Held:
     merged: dict[str, tuple] = {}
     for choice, lora, stamp in zip(choices, files, stamps):
-        for key in lora.patches:
-            if _contributes(choice, key):
+        for key, patch in lora.patches.items():
+            if _contributes(choice, key, patch):
                 merged[key] = merged.get(key, ()) + ((str(choice.path), stamp, choice.strength),)
     unmerged = tuple((str(c.path), s, c.strength) for c, s in zip(choices, stamps)
                      if c.mode == "unmerged")
@@ -138,7 +143,8 @@ def _rewrite(model, base_path, quantization, choices, files, keys, now: _Held) -
     """Read `keys` again from the model's file with the merged LoRAs added."""
     merge = Merge({})
     for choice, lora in zip(choices, files):
-        part = Merge.of([(lora, choice.strength)], lambda k, c=choice: _contributes(c, k))
+        part = Merge.of([(lora, choice.strength)],
+                        lambda k, c=choice, f=lora: _contributes(c, k, f.patches[k]))
         for key, contributions in part.contributions.items():
             merge.contributions.setdefault(key, []).extend(contributions)
     wrapped = bool(wrappers(model))
@@ -153,7 +159,8 @@ def _rewrite(model, base_path, quantization, choices, files, keys, now: _Held) -
 _READ: "weakref.WeakValueDictionary[tuple, _Factors]" = weakref.WeakValueDictionary()
 
 
-def _read_factors(choice: LoraChoice, lora: LoraFile, stamp, dtype: torch.dtype) -> None:
+def _read_factors(choice: LoraChoice, lora: LoraFile, stamp, dtype: torch.dtype,
+                  shapes: dict[str, tuple[int, ...]]) -> None:
     cache = choice.factors
     if cache.stamp == stamp and cache.dtype == dtype:
         return
@@ -163,7 +170,7 @@ def _read_factors(choice: LoraChoice, lora: LoraFile, stamp, dtype: torch.dtype)
         return
     terms: dict[str, list] = {}
     for key, patch in lora.patches.items():
-        if _contributes(choice, key):
+        if _contributes(choice, key, patch):
             continue
         module, leaf = key.rsplit(".", 1)
         if isinstance(patch, LowRank):
@@ -173,7 +180,10 @@ def _read_factors(choice: LoraChoice, lora: LoraFile, stamp, dtype: torch.dtype)
         elif isinstance(patch, Difference):
             kind = "bias_diff" if leaf == "bias" else "weight_diff"
             tensor = lora.tensor(patch.key).to(dtype, copy=True).contiguous()
-            terms.setdefault(module, []).append((kind, (tensor,), 1.0))
+            terms.setdefault(module, []).append((kind, (tensor,), patch.scale))
+        else:  # LoHa, LoKr: their full difference, formed once in float32
+            delta = unscaled_delta(patch, lora.tensor, shapes[key]).to(dtype).contiguous()
+            terms.setdefault(module, []).append(("weight_diff", (delta,), patch.scale))
     cache.terms, cache.stamp, cache.dtype = terms, stamp, dtype
     _READ[(str(choice.path), stamp, dtype)] = cache
 

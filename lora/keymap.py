@@ -4,6 +4,8 @@ A module name as a LoRA file writes it is resolved in this order:
   kohya / musubi   `lora_unet_blocks_0_self_attn_q` (Wan Fun: `lora_unet__blocks_...`): the
                    official name with dots written as underscores, looked up among the model's
                    weights, as ComfyUI does;
+  LyCORIS          `lycoris_blocks_0_self_attn_q` (SimpleTuner, ai-toolkit): the official or
+                   diffusers' name (`lycoris_blocks_0_attn1_to_q`) with underscores;
   generic / PEFT   the official name (`blocks.0.self_attn.q`), after one known prefix
                    (`diffusion_model.`, `model.diffusion_model.`, `base_model.model.`,
                    `transformer.`) if present;
@@ -19,10 +21,11 @@ from typing import Iterable
 
 import torch
 
-from ..checkpoints.keymaps import dit_diffusers_to_ours
+from ..checkpoints.keymaps import dit_diffusers_to_ours, dit_ours_to_diffusers
 from ..wan.configs import DiTConfig
 
 KOHYA_PREFIX = "lora_unet_"
+LYCORIS_PREFIX = "lycoris_"
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "base_model.model.", "transformer.")
 
 
@@ -41,8 +44,13 @@ class ModelNames:
 
     def __init__(self, keys: Iterable[str]):
         self.keys = frozenset(keys)
-        self._kohya = {k[:-len(".weight")].replace(".", "_"): k[:-len(".weight")]
-                       for k in self.keys if k.endswith(".weight")}
+        modules = [k[:-len(".weight")] for k in self.keys if k.endswith(".weight")]
+        self._kohya = {m.replace(".", "_"): m for m in modules}
+        self._lycoris = dict(self._kohya)
+        for module in modules:
+            theirs = dit_ours_to_diffusers(f"{module}.weight")
+            if theirs is not None:
+                self._lycoris.setdefault(theirs[:-len(".weight")].replace(".", "_"), module)
 
     def module(self, name: str) -> tuple[str, str] | None:
         """(our module or parameter name, the naming style) for a LoRA module name, or None
@@ -51,6 +59,9 @@ class ModelNames:
             rest = name[len(KOHYA_PREFIX):]
             found = self._kohya.get(rest[1:] if rest.startswith("_") else rest)
             return None if found is None else (found, "kohya")
+        if name.startswith(LYCORIS_PREFIX):
+            found = self._lycoris.get(name[len(LYCORIS_PREFIX):])
+            return None if found is None else (found, "lycoris")
         bare = next((name[len(p):] for p in PREFIXES if name.startswith(p)), name)
         if f"{bare}.weight" in self.keys or bare in self.keys:
             return bare, "generic"

@@ -1,9 +1,7 @@
-"""The merge arithmetic: patches added into a float32 weight, in place.
-
-For a low-rank pair: W += strength * scale * (up @ down), the product flattened to W's shape;
-for a full difference: W += strength * diff; in float32, one patch after another in the order
-the LoRAs were chained, as ComfyUI's calculate_weight does. `addmm_` adds the product straight
-into W (the product is never a second matrix in memory).
+"""The merge: patches added into a float32 weight, in place, one after another in the order
+the LoRAs were chained, as ComfyUI's calculate_weight does (the arithmetic of each kind of
+patch: lora/patches.py; a low-rank pair is added by one `addmm_`, the product never a second
+matrix in memory).
 """
 
 from __future__ import annotations
@@ -12,18 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .file import LoraFile, LowRank, Patch
+from .file import LoraFile
+from .patches import Patch, add_
 
 
 def add_patch_(weight: torch.Tensor, lora: LoraFile, patch: Patch, strength: float) -> None:
-    """weight (float32, contiguous, on any device) += strength * the patch's delta."""
-    where = dict(device=weight.device, dtype=torch.float32)
-    if isinstance(patch, LowRank):
-        up = lora.tensor(patch.up).to(**where).flatten(1)
-        down = lora.tensor(patch.down).to(**where).flatten(1)
-        weight.view(weight.shape[0], -1).addmm_(up, down, alpha=strength * patch.scale)
-    else:
-        weight.add_(lora.tensor(patch.key).to(**where).reshape(weight.shape), alpha=strength)
+    """weight (float32, contiguous, on any device) changed by the patch at `strength`."""
+    add_(weight, patch, lora.tensor, strength)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """Random LoRA files in every key format we read, for tests, the conformance data and the
-benchmark: the same content (low-rank pairs, alphas, full differences) written under each
-format's names, so two files of different formats hold the same LoRA.
+benchmark: the same content (low-rank pairs, alphas, full differences, LoHa and LoKr factors,
+DoRA magnitudes, PEFT lora_B biases, file-level settings) written under each format's names, so
+two files of different formats hold the same LoRA.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..atomic_files import atomic_target
-from ..checkpoints.tiny import dit_ours_to_diffusers
+from ..checkpoints.keymaps import dit_ours_to_diffusers
 from ..wan.configs import DiTConfig
 from ..wan.dit import is_block_linear
 from .keymap import dit_shapes
@@ -25,15 +27,28 @@ FORMATS = {
     "generic_down_up": ("diffusion_model.", ".lora_up.weight", ".lora_down.weight"),
     "bare": ("", ".lora_B.weight", ".lora_A.weight"),
     "diffusers": ("transformer.", ".lora_B.weight", ".lora_A.weight"),
+    # LyCORIS module names (SimpleTuner, ai-toolkit): official or diffusers names, underscored
+    "lycoris": ("lycoris_", ".lora_up.weight", ".lora_down.weight"),
+    "lycoris_diffusers": ("lycoris_", ".lora_up.weight", ".lora_down.weight"),
+    # LightX2V's extractor: pairs without alpha, a modulation's difference as `blocks.N.diff_m`
+    "lightx2v": ("diffusion_model.", ".lora_up.weight", ".lora_down.weight"),
 }
 
 
 @dataclass
 class LoraContent:
     """pairs: our module name -> (up [out, rank], down [rank, in], alpha or None);
-    diffs: our parameter name -> its difference (a weight, plain parameter or bias)."""
+    diffs: our parameter name -> its difference (a weight, plain parameter or bias);
+    factored: our module name -> ({LoHa/LoKr key ending: tensor}, alpha or None);
+    dora: our module name -> (magnitude, "dora_scale" | "lora_magnitude_vector");
+    up_bias: our module name -> PEFT's lora_B bias; settings: file-level key -> number."""
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor, float | None]] = field(default_factory=dict)
     diffs: dict[str, torch.Tensor] = field(default_factory=dict)
+    factored: dict[str, tuple[dict[str, torch.Tensor], float | None]] = field(
+        default_factory=dict)
+    dora: dict[str, tuple[torch.Tensor, str]] = field(default_factory=dict)
+    up_bias: dict[str, torch.Tensor] = field(default_factory=dict)
+    settings: dict[str, float] = field(default_factory=dict)
 
 
 def block_modules(config: DiTConfig, blocks=None) -> list[str]:
@@ -70,6 +85,82 @@ def random_lora(config: DiTConfig, seed: int = 0, modules: list[str] | None = No
     return content
 
 
+def random_loha(config: DiTConfig, seed: int, modules: list[str], rank: int = 4,
+                alpha: float | None = None, tucker: tuple[str, ...] = (),
+                magnitude: float = 0.2) -> LoraContent:
+    """LoHa factors on `modules` (Tucker cores on those in `tucker`: convolutions)."""
+    shapes = dit_shapes(config)
+    gen = torch.Generator().manual_seed(seed)
+    content = LoraContent()
+    for module in modules:
+        out, into, *kernel = shapes[f"{module}.weight"]
+        part = (magnitude / rank) ** 0.5
+        factors = {}
+        for side in ("1", "2"):
+            if module in tucker:
+                factors[f"hada_w{side}_a"] = part * torch.randn(rank, out, generator=gen)
+                factors[f"hada_w{side}_b"] = torch.randn(rank, into, generator=gen) / into ** 0.5
+                factors[f"hada_t{side}"] = torch.randn(rank, rank, *kernel, generator=gen) / rank
+            else:
+                width = into * math.prod(kernel)
+                factors[f"hada_w{side}_a"] = part * torch.randn(out, rank, generator=gen)
+                factors[f"hada_w{side}_b"] = torch.randn(rank, width, generator=gen) / width ** 0.5
+        content.factored[module] = (factors, alpha)
+    return content
+
+
+def random_lokr(config: DiTConfig, seed: int, modules: list[str], factor: int = 4,
+                rank: int = 4, alpha: float | None = None, layouts: dict[str, str] | None = None,
+                magnitude: float = 0.2) -> LoraContent:
+    """LoKr factors on `modules`: w1 [factor, factor] and w2 the rest of the weight. layouts
+    (per module; default "w2_ab"): "w2_ab" (w1 whole, w2 = w2_a @ w2_b), "w1_ab" (w1 = w1_a @
+    w1_b, w2 whole), "both_ab" (both decomposed), "whole" (both whole)."""
+    shapes = dit_shapes(config)
+    gen = torch.Generator().manual_seed(seed)
+    content = LoraContent()
+    for module in modules:
+        out, into, *kernel = shapes[f"{module}.weight"]
+        layout = (layouts or {}).get(module, "w2_ab")
+        rows, cols = out // factor, into // factor
+        width = cols * math.prod(kernel)
+        factors = {}
+        w1_rank = min(rank, factor)
+        if layout in ("w1_ab", "both_ab"):
+            factors["lokr_w1_a"] = torch.randn(factor, w1_rank, generator=gen) / w1_rank ** 0.5
+            factors["lokr_w1_b"] = torch.randn(w1_rank, factor, generator=gen)
+        else:
+            factors["lokr_w1"] = torch.randn(factor, factor, generator=gen)
+        scale = magnitude / width ** 0.5
+        if layout in ("w2_ab", "both_ab"):
+            factors["lokr_w2_a"] = scale * torch.randn(rows, rank, generator=gen) / rank ** 0.5
+            factors["lokr_w2_b"] = torch.randn(rank, width, generator=gen)
+        else:
+            factors["lokr_w2"] = scale * torch.randn(rows, cols, *kernel, generator=gen)
+        content.factored[module] = (factors, alpha)
+    content.settings["lokr_factor"] = float(factor)
+    return content
+
+
+def add_dora(content: LoraContent, base: dict[str, torch.Tensor], seed: int,
+             modules: list[str], style: str = "dora_scale", axis: str = "rows") -> LoraContent:
+    """DoRA magnitudes for `modules` of `content`: the base weight's norms (per output row or,
+    for axis "columns", per input column) changed by about 10%, as a trained DoRA holds them.
+    style "dora_scale" (kohya / LyCORIS; [out, 1] or [1, in]) or "lora_magnitude_vector" (PEFT;
+    [out], rows only)."""
+    gen = torch.Generator().manual_seed(seed)
+    for module in modules:
+        weight = base[f"{module}.weight"].float()
+        if axis == "rows":
+            norm = weight.reshape(weight.shape[0], -1).norm(dim=1)
+            shape = (weight.shape[0],) if style == "lora_magnitude_vector" else (-1, 1)
+        else:
+            norm = weight.transpose(0, 1).reshape(weight.shape[1], -1).norm(dim=1)
+            shape = (1, -1)
+        noise = 1 + 0.1 * torch.randn(norm.shape, generator=gen)
+        content.dora[module] = ((norm * noise).reshape(shape), style)
+    return content
+
+
 def lora_state(content: LoraContent, fmt: str,
                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """The content under `fmt`'s key names."""
@@ -81,22 +172,54 @@ def lora_state(content: LoraContent, fmt: str,
         state[name + down_suffix] = down.to(dtype).contiguous()
         if alpha is not None:
             state[name + ".alpha"] = torch.tensor(float(alpha))
+    for module, (factors, alpha) in content.factored.items():
+        name = prefix + _module_name(module, fmt)
+        for ending, tensor in factors.items():
+            state[f"{name}.{ending}"] = tensor.to(dtype).contiguous()
+        if alpha is not None:
+            state[name + ".alpha"] = torch.tensor(float(alpha))
+    for module, (magnitude, style) in content.dora.items():
+        state[f"{prefix}{_module_name(module, fmt)}.{style}"] = magnitude.to(dtype).contiguous()
+    for module, bias in content.up_bias.items():
+        if up_suffix != ".lora_B.weight":
+            raise ValueError(f"a lora_B bias needs PEFT's names, not {fmt}'s")
+        state[f"{prefix}{_module_name(module, fmt)}.lora_B.bias"] = bias.to(dtype).contiguous()
     for key, diff in content.diffs.items():
         module, leaf = key.rsplit(".", 1) if key.endswith((".weight", ".bias")) else (key, "")
-        if fmt.startswith("kohya") and not leaf:
+        if fmt.startswith(("kohya", "lycoris")) and not leaf:
             raise ValueError(f"kohya names reach modules with a weight only, not {key}")
+        if fmt == "lightx2v" and key.endswith(".modulation"):
+            state[prefix + key[:-len(".modulation")] + ".diff_m"] = diff.to(dtype).contiguous()
+            continue
         name = prefix + _module_name(module if leaf else key, fmt, parameter=not leaf)
         state[name + (".diff_b" if leaf == "bias" else ".diff")] = diff.to(dtype).contiguous()
+    for key, value in content.settings.items():
+        state[key] = torch.tensor(float(value))
     return state
 
 
 def _module_name(name: str, fmt: str, parameter: bool = False) -> str:
-    if fmt.startswith("kohya"):
+    if fmt.startswith(("kohya", "lycoris")):
+        if fmt == "lycoris_diffusers":
+            name = dit_ours_to_diffusers(f"{name}.weight")[:-len(".weight")]
         return name.replace(".", "_")
     if fmt == "diffusers":
         return dit_ours_to_diffusers(name) if parameter else \
             dit_ours_to_diffusers(f"{name}.weight")[:-len(".weight")]
     return name
+
+
+def merged_content(*contents: LoraContent) -> LoraContent:
+    """One content holding every part of `contents` (modules must not repeat)."""
+    out = LoraContent()
+    for content in contents:
+        for part in ("pairs", "diffs", "factored", "dora", "up_bias", "settings"):
+            mine, theirs = getattr(out, part), getattr(content, part)
+            overlap = set(mine) & set(theirs)
+            if overlap:
+                raise ValueError(f"{part} of {sorted(overlap)} given twice")
+            mine.update(theirs)
+    return out
 
 
 def write_lora(path: str | Path, content: LoraContent, fmt: str = "kohya",

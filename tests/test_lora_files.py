@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 
 from wan_enhanced.checkpoints.reader import CheckpointError
 from wan_enhanced.checkpoints.tiny import TINY_DIT, write_dit
-from wan_enhanced.lora.file import Difference, LoraError, LowRank, check_lora_keys, open_lora
+from wan_enhanced.lora.file import LoraError, check_lora_keys, open_lora
+from wan_enhanced.lora.patches import Difference, LowRank
 from wan_enhanced.lora.keymap import dit_shapes
 from wan_enhanced.lora.tiny import FORMATS, block_modules, lora_state, random_lora, write_lora
 
@@ -80,16 +81,17 @@ def test_ranks_per_layer_and_partial_coverage(tmp_path):
 
 
 @pytest.mark.parametrize("key, named", [
-    ("lora_unet_blocks_0_ffn_0.hada_w1_a", "LyCORIS LoHa"),
-    ("lora_unet_blocks_0_ffn_0.lokr_w1", "LyCORIS LoKr"),
-    ("diffusion_model.blocks.0.ffn.0.dora_scale", "DoRA"),
+    ("lora_unet_blocks_0_ffn_0.oft_blocks", "LyCORIS OFT"),
+    ("diffusion_model.blocks.0.ffn.0.a1.weight", "GLoRA"),
     ("diffusion_model.blocks.0.ffn.0.lora_mid.weight", "Tucker"),
-    ("model.diffusion_model.blocks.0.ffn.0.weight", "full model rather than a LoRA"),
+    ("diffusion_model.blocks.0.ffn.0.set_weight", "a weight replacement"),
 ])
-def test_unknown_formats_are_refused_naming_the_first_unknown_key(tmp_path, key, named):
+def test_other_formats_are_refused_naming_the_first_key_of_a_known_format(tmp_path, key, named):
+    """The refusal is decided over all the keys: an unknown key sorting first does not decide
+    the message when another key names a format we know of."""
     state = lora_state(random_lora(CONFIG, seed=4, modules=["blocks.0.ffn.0"]), "generic")
     state[key] = torch.zeros(3)
-    state["zzz.unknown_too"] = torch.zeros(3)
+    state["aaa.unknown_too"] = torch.zeros(3)
     path = tmp_path / "other.safetensors"
     save_file(state, str(path))
     for check in (lambda: check_lora_keys(path), lambda: open_lora(path, SHAPES)):
@@ -97,7 +99,23 @@ def test_unknown_formats_are_refused_naming_the_first_unknown_key(tmp_path, key,
             check()
         message = str(caught.value)
         assert str(path) in message and repr(key) in message and named in message
-        assert "zzz" not in message and "kohya/musubi" in message and "diffusers" in message
+        assert "2 of its 4 keys are of no format we read" in message
+        assert "'aaa.unknown_too'" not in message and "kohya/musubi" in message
+        assert "full model" not in message
+
+
+def test_a_model_weight_inside_a_lora_is_named_as_such_not_as_a_full_model(tmp_path):
+    state = lora_state(random_lora(CONFIG, seed=4, modules=["blocks.0.ffn.0"]), "generic")
+    state["model.diffusion_model.blocks.0.ffn.0.weight"] = torch.zeros(3)
+    path = tmp_path / "mixed.safetensors"
+    save_file(state, str(path))
+    with pytest.raises(LoraError) as caught:
+        open_lora(path, SHAPES)
+    message = str(caught.value)
+    assert ("1 of its 3 keys is of no LoRA format this package reads; the first is "
+            "'model.diffusion_model.blocks.0.ffn.0.weight' (it looks like a model's own weight)"
+            in message)
+    assert "full model" not in message
 
 
 def test_a_lora_for_another_model_size_names_file_key_and_both_shapes(tmp_path):
@@ -141,7 +159,7 @@ def test_keys_matching_nothing_are_listed_and_nothing_at_all_is_an_error(tmp_pat
 
 @pytest.mark.parametrize("drop, message", [
     (".lora_down.weight", "has no partner"),
-    ("both", "is an alpha without its lora_down / lora_up pair"),
+    ("both", "is an alpha without the low-rank pair, LoHa or LoKr factors of its module"),
 ])
 def test_incomplete_pairs_are_refused(tmp_path, drop, message):
     state = lora_state(random_lora(CONFIG, seed=8, modules=["blocks.0.ffn.0"], alpha=4.0),

@@ -10,7 +10,7 @@ import torch.nn as nn
 from cpu_kernels import has_cpu_kernel
 
 from wan_enhanced.lora import fp8_sum as fp8_sum_module
-from wan_enhanced.lora.file import LowRank
+from wan_enhanced.lora.patches import LowRank
 from wan_enhanced.lora.fp8_sum import (fp8_sum, fp8_sum_reference, stack_terms)
 from wan_enhanced.lora.layers import LoraFp8Linear, merges_per_call
 from wan_enhanced.lora.merge import add_patch_

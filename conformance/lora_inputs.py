@@ -18,7 +18,6 @@ ComfyUI reads (its `twin`: the diffusers names as generic names, `lycoris_` name
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import torch
 from ..atomic_files import atomic_target, write_atomically
 from ..checkpoints.tiny import random_dit_state
 from ..lora.keymap import dit_shapes
-from ..lora.tiny import (LoraContent, add_dora, block_modules, merged_content, random_lokr,
+from ..lora.tiny import (LoraContent, add_dora, block_modules, lightx2v_lora, random_lokr,
                          random_loha, random_lora, write_lora)
 from ..wan.configs import DiTConfig
 
@@ -47,23 +46,8 @@ DISTILL_DIFFS = ("blocks.0.modulation", "blocks.1.modulation", "head.modulation"
                  "patch_embedding.bias")
 
 
-# LightX2V's extractor (tools/extract/lora_extractor.py) writes a 2-D weight as a low-rank pair
-# (no alpha) when it has 1e6 elements or more, every other changed tensor as a difference:
-# .diff for weights and norms, .diff_b for biases, .diff_m for modulations. The same rule at the
-# tiny model's scale:
+# LightX2V's extractor's rule (lora/tiny.py lightx2v_lora) at the tiny model's scale
 LIGHTX2V_PAIR_MIN = 1500
-
-
-def lightx2v_content(seed: int) -> LoraContent:
-    """A LoRA with the key set LightX2V's extractor writes, every tensor of the model changed."""
-    shapes = dit_shapes(CONFIG)
-    pairs, diffs = [], []
-    for key, shape in shapes.items():
-        if len(shape) == 2 and key.endswith(".weight") and math.prod(shape) >= LIGHTX2V_PAIR_MIN:
-            pairs.append(key[:-len(".weight")])
-        else:
-            diffs.append(key)
-    return random_lora(CONFIG, seed=seed, modules=pairs, rank=8, diffs=tuple(diffs))
 
 
 def peft_bias_contents(seed: int) -> tuple[LoraContent, LoraContent]:
@@ -85,7 +69,7 @@ def contents(base: dict[str, torch.Tensor]):
     ranks = {m: (6 if ".ffn." in m else 2) for m in partial + NON_BLOCK}
     generic = random_lora(CONFIG, seed=11, modules=partial + NON_BLOCK, rank=ranks, alpha=3.0)
     distill = random_lora(CONFIG, seed=12, rank=8, alpha=8.0, diffs=DISTILL_DIFFS)
-    lightx2v = lightx2v_content(seed=15)
+    lightx2v = lightx2v_lora(CONFIG, seed=15, rank=8, pair_min=LIGHTX2V_PAIR_MIN)
     loha_modules = partial + ["text_embedding.0"]
     loha = add_dora(random_loha(CONFIG, seed=16, modules=loha_modules, rank=4, alpha=2.0),
                     base, seed=17, modules=loha_modules[:2])

@@ -12,8 +12,9 @@ the module computes, and remembers what it holds:
   (lora/layers.py); a strength change only changes their scales, another LoRA only swaps
   factors. LoHa and LoKr patches are formed into their full difference once (per version of the
   file) and kept apart as such. The changes outside the blocks' matrices (norms, modulation,
-  embeddings, head) are small and merged as above, and so is DoRA, which rescales the weight
-  rather than adding a term to it.
+  embeddings, head) are small and merged as above. So is every change of a layer a DoRA of the
+  chain rescales (DoRA is not a term added to the weight: it rescales the weight the LoRAs
+  before it in the chain have made, so that layer's changes are merged in the chain's order).
 
 So a LoRA is never applied twice, a second chain on the same base needs no second copy of the
 model, and whatever another handle did to the module is undone when this one computes. All
@@ -78,6 +79,7 @@ class _Held:
     merged: dict  # our key -> ((path, stamp, strength), ...) of the LoRAs merged into it
     unmerged: tuple  # ((path, stamp, strength), ...) in the wrappers, in order
     choices: tuple = ()  # ((path, stamp, strength, mode), ...): what was asked for
+    rescaled: frozenset = frozenset()  # block layers a DoRA rescales: merged in either mode
 
 
 def held(model: torch.nn.Module) -> _Held:
@@ -102,7 +104,8 @@ def bring_to(model: torch.nn.Module, base_path: Path, quantization: str | None,
     try:
         for choice in choices:
             files.append(open_lora(choice.path, dit_shapes(model.config)))
-        wanted = _wanted(choices, files, stamps)
+        rescaled = _rescaled_layers(files)
+        wanted = _wanted(choices, files, stamps, rescaled)
         unmerged = [(c, f, s) for c, f, s in zip(choices, files, stamps) if c.mode == "unmerged"]
         shapes = dit_shapes(model.config)
         for choice, lora, stamp in unmerged:
@@ -111,46 +114,65 @@ def bring_to(model: torch.nn.Module, base_path: Path, quantization: str | None,
         rewrite = sorted(k for k in set(now.merged) | set(wanted.merged)
                          if now.merged.get(k) != wanted.merged.get(k))
         if rewrite:
-            _rewrite(model, base_path, quantization, choices, files, rewrite, now)
-        if [sig[:2] for sig in now.unmerged] == [sig[:2] for sig in wanted.unmerged]:
-            _rescale(model, [c for c, _, _ in unmerged])
+            _rewrite(model, base_path, quantization, choices, files, rewrite, now, rescaled)
+        if ([sig[:2] for sig in now.unmerged] == [sig[:2] for sig in wanted.unmerged]
+                and now.rescaled == rescaled):
+            _rescale(model, [c for c, _, _ in unmerged], rescaled)
         else:
-            _install(model, [c for c, _, _ in unmerged])
+            _install(model, [c for c, _, _ in unmerged], rescaled)
         _HELD[model] = wanted
     finally:
         for lora in files:
             lora.close()
 
 
-def _contributes(choice: LoraChoice, key: str, patch: Patch) -> bool:
+def _layer(key: str) -> str:
+    return key.rsplit(".", 1)[0]
+
+
+def _rescaled_layers(files: list[LoraFile]) -> frozenset:
+    """The block layers some LoRA of the chain changes by DoRA."""
+    return frozenset(_layer(k) for lora in files for k, p in lora.patches.items()
+                     if isinstance(p, Decomposed) and is_block_linear(k))
+
+
+def _kept_apart(key: str, patch: Patch) -> bool:
+    """Whether an unmerged LoRA can keep its patch of `key` apart from the weights: a term on
+    a block matrix (not DoRA's rescaling)."""
+    return is_block_linear(key) and not isinstance(patch, Decomposed)
+
+
+def _contributes(choice: LoraChoice, key: str, patch: Patch, rescaled: frozenset) -> bool:
     """Whether `choice` merges its patch of `key`: all of a merged LoRA's; of an unmerged one,
-    those outside the blocks' matrices and DoRA's (a rescaling of the weight, not a term)."""
-    return choice.mode == "merge" or not is_block_linear(key) or isinstance(patch, Decomposed)
+    those it cannot keep apart and those on a layer a DoRA of the chain rescales."""
+    return (choice.mode == "merge" or not _kept_apart(key, patch)
+            or _layer(key) in rescaled)
 
 
-def _wanted(choices, files, stamps) -> _Held:
+def _wanted(choices, files, stamps, rescaled: frozenset) -> _Held:
     merged: dict[str, tuple] = {}
     for choice, lora, stamp in zip(choices, files, stamps):
         for key, patch in lora.patches.items():
-            if _contributes(choice, key, patch):
+            if _contributes(choice, key, patch, rescaled):
                 merged[key] = merged.get(key, ()) + ((str(choice.path), stamp, choice.strength),)
     unmerged = tuple((str(c.path), s, c.strength) for c, s in zip(choices, stamps)
                      if c.mode == "unmerged")
-    return _Held(merged, unmerged, _signature(choices, stamps))
+    return _Held(merged, unmerged, _signature(choices, stamps), rescaled)
 
 
-def _rewrite(model, base_path, quantization, choices, files, keys, now: _Held) -> None:
+def _rewrite(model, base_path, quantization, choices, files, keys, now: _Held,
+             rescaled: frozenset) -> None:
     """Read `keys` again from the model's file with the merged LoRAs added."""
     merge = Merge({})
     for choice, lora in zip(choices, files):
         part = Merge.of([(lora, choice.strength)],
-                        lambda k, c=choice, f=lora: _contributes(c, k, f.patches[k]))
+                        lambda k, c=choice, f=lora: _contributes(c, k, f.patches[k], rescaled))
         for key, contributions in part.contributions.items():
             merge.contributions.setdefault(key, []).extend(contributions)
     wrapped = bool(wrappers(model))
     # until the rewrite completes, these weights are neither the old nor the new ones
     _HELD[model] = _Held({**now.merged, **{k: _DIRTY for k in keys}},
-                         now.unmerged if wrapped else (), ("rewriting",))
+                         now.unmerged if wrapped else (), ("rewriting",), now.rescaled)
     reload_tensors(base_path, official_tensors(model), model.config, keys, quantization, merge)
 
 
@@ -170,7 +192,7 @@ def _read_factors(choice: LoraChoice, lora: LoraFile, stamp, dtype: torch.dtype,
         return
     terms: dict[str, list] = {}
     for key, patch in lora.patches.items():
-        if _contributes(choice, key, patch):
+        if not _kept_apart(key, patch):
             continue
         module, leaf = key.rsplit(".", 1)
         if isinstance(patch, LowRank):
@@ -188,11 +210,11 @@ def _read_factors(choice: LoraChoice, lora: LoraFile, stamp, dtype: torch.dtype,
     _READ[(str(choice.path), stamp, dtype)] = cache
 
 
-def _install(model: torch.nn.Module, choices: list[LoraChoice]) -> None:
+def _install(model: torch.nn.Module, choices: list[LoraChoice], rescaled: frozenset) -> None:
     unwrap_all(model)
     device = next(model.blocks[0].parameters()).device if len(model.blocks) else None
     for choice in choices:
-        for module, terms in choice.factors.terms.items():
+        for module, terms in _apart(choice, rescaled):
             wrapper = wrap(model, module)
             for kind, tensors, scale in terms:
                 if device is not None and tensors[0].device != device:
@@ -200,12 +222,19 @@ def _install(model: torch.nn.Module, choices: list[LoraChoice]) -> None:
                 wrapper.add(kind, tensors, scale * choice.strength)
 
 
-def _rescale(model: torch.nn.Module, choices: list[LoraChoice]) -> None:
+def _apart(choice: LoraChoice, rescaled: frozenset):
+    """(module, terms) of an unmerged LoRA kept apart in wrappers: all but those of the layers
+    a DoRA of the chain rescales."""
+    return [(m, t) for m, t in choice.factors.terms.items() if m not in rescaled]
+
+
+def _rescale(model: torch.nn.Module, choices: list[LoraChoice], rescaled: frozenset) -> None:
     """The same factors at the strengths of `choices` (in the order they were installed)."""
     found = wrappers(model)
     for choice_index, choice in enumerate(choices):
-        for module, terms in choice.factors.terms.items():
+        for module, terms in _apart(choice, rescaled):
             wrapper = found[module]
-            first = sum(len(c.factors.terms.get(module, ())) for c in choices[:choice_index])
+            first = sum(len(dict(_apart(c, rescaled)).get(module, ()))
+                        for c in choices[:choice_index])
             for offset, (_, _, scale) in enumerate(terms):
                 wrapper.adapters[first + offset].scale = scale * choice.strength

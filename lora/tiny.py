@@ -85,6 +85,26 @@ def random_lora(config: DiTConfig, seed: int = 0, modules: list[str] | None = No
     return content
 
 
+# LightX2V's extractor (its tools/extract/lora_extractor.py) writes a 2-D weight of at least this
+# many elements as a low-rank pair (no alpha) and every other changed tensor as a difference
+LIGHTX2V_PAIR_MIN = 1_000_000
+
+
+def lightx2v_lora(config: DiTConfig, seed: int = 0, rank: int = 64,
+                  pair_min: int = LIGHTX2V_PAIR_MIN, magnitude: float = 0.2) -> LoraContent:
+    """A step-distill LoRA as LightX2V's extractor writes it (format "lightx2v"): every tensor of
+    the model changed, 2-D weights of `pair_min` elements or more as pairs of `rank`, the rest
+    (biases, norms, modulations, small matrices, the patch embedding) as full differences."""
+    pairs, diffs = [], []
+    for key, shape in dit_shapes(config).items():
+        if len(shape) == 2 and key.endswith(".weight") and math.prod(shape) >= pair_min:
+            pairs.append(key[:-len(".weight")])
+        else:
+            diffs.append(key)
+    return random_lora(config, seed=seed, modules=pairs, rank=rank, diffs=tuple(diffs),
+                       magnitude=magnitude)
+
+
 def random_loha(config: DiTConfig, seed: int, modules: list[str], rank: int = 4,
                 alpha: float | None = None, tucker: tuple[str, ...] = (),
                 magnitude: float = 0.2) -> LoraContent:

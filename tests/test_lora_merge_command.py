@@ -184,3 +184,26 @@ def test_the_command_module_does_not_import_the_cli():
     imported = {node.module for node in ast.walk(ast.parse(source))
                 if isinstance(node, ast.ImportFrom)}
     assert "cli" not in imported and not any(m and m.endswith(".cli") for m in imported)
+
+
+def test_a14b_experts_merge_each_with_its_own_distill_lora(tmp_path, capsys):
+    """The Wan2.2 distill releases ship a high-noise and a low-noise LoRA: each expert's file is
+    merged with its own, at its own strength, by one command each."""
+    from wan_enhanced.lora.tiny import lightx2v_lora
+
+    experts = {name: (write_dit(tmp_path / f"{name}.safetensors", CONFIG, "comfy", seed=seed,
+                                dtype=torch.float32), strength)
+               for name, seed, strength in (("high", 3, 1.0), ("low", 4, 0.7))}
+    for name, (model, strength) in experts.items():
+        lora = write_lora(tmp_path / f"{name}_noise_lora.safetensors",
+                          lightx2v_lora(CONFIG, seed=len(name), rank=8, pair_min=60_000),
+                          "lightx2v", dtype=torch.bfloat16)
+        out = tmp_path / f"{name}_merged.safetensors"
+        assert main(["lora", "merge", str(model), f"{lora}:{strength}", "--out", str(out)]) == 0
+        assert "24 low-rank pairs (rank 8)" in capsys.readouterr().out
+        written = load_dit(out, torch.float32)[0].state_dict()
+        expected = merged_at_load(model, [(lora, strength)], torch.float32)
+        assert written.keys() == expected.keys()
+        assert all(torch.equal(written[k], expected[k]) for k in written)
+        base = load_dit(model, torch.float32)[0].state_dict()
+        assert not torch.equal(written["head.modulation"], base["head.modulation"])

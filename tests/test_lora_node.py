@@ -15,7 +15,7 @@ import torch
 
 from wan_enhanced import host
 from wan_enhanced.checkpoints import tiny
-from wan_enhanced.lora.tiny import random_lora, write_lora
+from wan_enhanced.lora.tiny import lightx2v_lora, random_lora, write_lora
 from wan_enhanced.nodes import NODE_CLASS_MAPPINGS as NODES
 from wan_enhanced.nodes.common import NodeInputError
 from wan_enhanced.pipeline import loading
@@ -40,8 +40,14 @@ def models(tmp_path_factory):
     tiny.write_models_folder(root, dit_name=HIGH, vae_name=VAE, text_encoder_name=TE,
                              kind="t2v")
     tiny.write_dit(root / "diffusion_models" / LOW, CONFIG, "comfy_fp8", seed=5)
-    write_lora(root / "loras" / LORA_HIGH, random_lora(CONFIG, seed=1, alpha=4.0), "kohya")
-    write_lora(root / "loras" / LORA_LOW, random_lora(CONFIG, seed=2), "diffusers")
+    # one step-distill LoRA per expert, as the Wan2.2 distill releases ship them: LightX2V's
+    # extractor layout (pairs, .diff, .diff_b, .diff_m), bf16
+    write_lora(root / "loras" / LORA_HIGH, lightx2v_lora(CONFIG, seed=1, rank=8,
+                                                         pair_min=60_000), "lightx2v",
+               dtype=torch.bfloat16)
+    write_lora(root / "loras" / LORA_LOW, lightx2v_lora(CONFIG, seed=2, rank=8,
+                                                        pair_min=60_000), "lightx2v",
+               dtype=torch.bfloat16)
     write_lora(root / "loras" / "for_14b.safetensors",
                random_lora(replace(CONFIG, dim=384, num_heads=3), seed=3), "generic")
     (root / "loras" / "a_dit.safetensors").write_bytes(
@@ -131,3 +137,31 @@ def test_a_chain_of_nodes_records_its_loras_and_leaves_the_model_alone(models, l
     with pytest.raises(NodeInputError, match=r"Wan LoRA Loader: .*for_14b.safetensors: "
                                              r"'diffusion_model.blocks.0.cross_attn.k.lora_B"):
         lora.load(model, "for_14b.safetensors", 1.0, "merge")
+
+
+def test_each_expert_computes_with_its_own_distill_lora(models, loads):
+    """Wan2.2 A14B: the high-noise expert takes the high-noise file at its strength, the
+    low-noise expert the low-noise file at its own; their modulation tables change by exactly
+    their own file's `.diff_m` (LightX2V's layout)."""
+    from safetensors import safe_open
+
+    from wan_enhanced.pipeline.dit_placement import DiTPlacement
+    from wan_enhanced.pipeline.placement import DevicePlacement
+
+    host.set_headless_folders(models=models)
+    loader, lora = NODES["WanEnhancedModelLoader"](), NODES["WanEnhancedLoRALoader"]()
+    experts = {}
+    for model_name, lora_name, strength in ((HIGH, LORA_HIGH, 1.0), (LOW, LORA_LOW, 0.6)):
+        (model,) = loader.load(model_name, "fp32", "sdpa")
+        before = model.model.blocks[1].modulation.detach().clone()
+        (handle,) = lora.load(model, lora_name, strength, "merge")
+        with safe_open(str(models / "loras" / lora_name), "pt") as f:
+            diff = f.get_tensor("diffusion_model.blocks.1.diff_m").float()
+        experts[model_name] = (handle, before, diff, strength)
+    with DevicePlacement("cpu") as placement, DiTPlacement(placement, 0) as dit:
+        for handle, before, diff, strength in experts.values():
+            dit.place(handle)
+            assert torch.equal(handle.model.blocks[1].modulation,
+                               torch.add(before, diff, alpha=strength))
+    high, low = (experts[n][2] for n in (HIGH, LOW))
+    assert not torch.equal(high, low)

@@ -3,6 +3,9 @@ ComfyUI's own LoRA code, from the inputs conformance/lora_inputs.py wrote.
 
     COMFYUI/venv/bin/python conformance/make_lora_reference.py COMFYUI_DIR tests/data/lora
 
+The committed reference was made with ComfyUI 0.3.64 (a125cd84); ComfyUI 0.30.0 (6db4fa2f)
+computes the same bits for every case.
+
 Runs in ComfyUI's Python environment with ComfyUI's source folder COMFYUI_DIR on the path (it
 imports nothing of this package). For each case of cases.json it builds ComfyUI's Wan model
 (comfy.supported_models.WAN21_T2V, the tiny unet_config of cases.json, on the CPU, in the dtype

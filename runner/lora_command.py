@@ -15,8 +15,9 @@ OK, FAILED, INVALID = 0, 1, 2
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "lora", help="LoRA tools: merge LoRAs into a model file",
-        description="LoRA files for the Wan DiT (kohya/musubi, generic/PEFT, diffusers names; "
-                    "full differences).")
+        description="LoRA files for the Wan DiT: low-rank pairs under kohya/musubi, LyCORIS, "
+                    "generic/PEFT and diffusers names; full differences (.diff, .diff_b, "
+                    "LightX2V's .diff_m); LyCORIS LoHa and LoKr; DoRA.")
     commands = p.add_subparsers(dest="lora_command", required=True, metavar="COMMAND")
     merge = commands.add_parser(
         "merge", help="write a model file with LoRAs merged in",

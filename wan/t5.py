@@ -230,14 +230,34 @@ class UMT5Encoder(nn.Module):
         embedding is (ids must be there), so its large table never has to move.
         """
         device = torch.device(device) if device is not None else ids.device
-        x = self.token_embedding(ids)  # the table may be stored narrower than the blocks
-        x = x.to(device=device, dtype=stream_dtype(self.norm.weight.dtype))
+        x, padding_bias = self._inputs(ids, mask, device)
         buckets = relative_position_buckets(ids.shape[1], self.num_buckets, self.max_distance,
                                             device=device)
-        padding_bias = None if mask is None else key_padding_bias(mask.to(device), x.dtype)
         for block in (self.blocks if blocks is None else blocks):
             x = block(x, buckets, padding_bias)
         return self.norm(x, x.dtype)
+
+    def forward_each(self, ids: torch.Tensor, mask: torch.Tensor | None = None, *,
+                     blocks=None, device: torch.device | str | None = None
+                     ) -> list[torch.Tensor]:
+        """forward for each row of ids alone (a batch of one each: a row's result does not
+        depend on the rows beside it), every block applied to all rows before the next block
+        (streamed blocks cross to the device once for all rows). Returns [1, L, dim] per row."""
+        device = torch.device(device) if device is not None else ids.device
+        rows = [self._inputs(ids[i:i + 1], None if mask is None else mask[i:i + 1], device)
+                for i in range(ids.shape[0])]
+        buckets = relative_position_buckets(ids.shape[1], self.num_buckets, self.max_distance,
+                                            device=device)
+        xs = [x for x, _ in rows]
+        for block in (self.blocks if blocks is None else blocks):
+            xs = [block(x, buckets, bias) for x, (_, bias) in zip(xs, rows)]
+        return [self.norm(x, x.dtype) for x in xs]
+
+    def _inputs(self, ids: torch.Tensor, mask: torch.Tensor | None, device: torch.device):
+        """The embedded tokens on `device` in the blocks' dtype, and the padding bias."""
+        x = self.token_embedding(ids)  # the table may be stored narrower than the blocks
+        x = x.to(device=device, dtype=stream_dtype(self.norm.weight.dtype))
+        return x, None if mask is None else key_padding_bias(mask.to(device), x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 from wan_enhanced import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, host
 from wan_enhanced.checkpoints.tiny import TINY_DIT, write_clip_vision, write_dit, write_models_folder
-from wan_enhanced.lora.tiny import random_lora, write_lora
+from wan_enhanced.lora.tiny import lightx2v_lora, random_lora, write_lora
 from wan_enhanced.profiling.events import EventLog
 from wan_enhanced.runner.cli import main
 from wan_enhanced.runner.headless_nodes import local_registry
@@ -23,7 +23,7 @@ SCENARIOS = {"wan22_ti2v_5b_speed_preview", "wan22_ti2v_5b_efficiency", "wan22_t
              "wan22_ti2v_5b_long_duration", "wan21_t2v_1_3b_memory_baseline",
              "wan21_tiled_decode_comparison", "wan22_ti2v_5b_image_to_video",
              "wan22_i2v_a14b_image_to_video", "wan21_i2v_14b_image_to_video",
-             "wan22_t2v_a14b_4step_lora"}
+             "wan22_t2v_a14b_4step_lora", "wan22_ti2v_5b_distill", "wan21_t2v_14b_distill"}
 IMAGE_TO_VIDEO = sorted(name for name in SCENARIOS if name.endswith("image_to_video"))
 TINY_CLIP = dict(hidden=64, layers=2, heads=1, intermediate=128, image_size=28, patch=14)
 # the A14B experts and their 4-step LoRAs of the LoRA example
@@ -46,6 +46,13 @@ def models(tmp_path_factory):
     for seed, (expert, lora) in enumerate(EXPERTS.items()):
         write_dit(root / "diffusion_models" / expert, TINY_DIT["t2v"], "comfy_fp8", seed=seed)
         write_lora(root / "loras" / lora, random_lora(TINY_DIT["t2v"], seed=seed), "generic")
+    # the distill scenarios: LightX2V-layout LoRAs, a 14B fp8-scaled file
+    write_lora(root / "loras" / "wan2.2_ti2v_5b_lightx2v_4step_lora_rank64.safetensors",
+               lightx2v_lora(TINY_DIT["ti2v"], seed=3, rank=4), "lightx2v")
+    write_dit(root / "diffusion_models" / "wan2.1_t2v_14B_fp8_scaled.safetensors",
+              TINY_DIT["t2v"], "comfy_fp8", seed=4)
+    write_lora(root / "loras" / "lightx2v_t2v_14b_cfg_step_distill_v2_lora_rank64_bf16.safetensors",
+               lightx2v_lora(TINY_DIT["t2v"], seed=5, rank=4), "lightx2v", dtype=torch.bfloat16)
     for dit, kind in (("wan2.2_i2v_high_noise_14B_fp16.safetensors", "i2v_a14b"),
                       ("wan2.2_i2v_low_noise_14B_fp16.safetensors", "i2v_a14b"),
                       ("wan2.1_i2v_480p_14B_fp16.safetensors", "i2v")):

@@ -5,10 +5,24 @@ depends on run, each after its inputs; a node receives only the inputs the workf
 own defaults apply to the rest) plus the hidden inputs it asks for; the whole run is under
 torch.inference_mode(); the method returns a tuple or {"ui": ..., "result": ...}.
 
-Unlike ComfyUI's server nothing is cached between runs, and within a run a node's outputs are
-dropped as soon as the last node reading them has finished (like --cache-none): after the run, or
-after a failed or interrupted one, nothing the run created stays referenced. A fresh node instance
-is made for every run.
+Without a cache (the default) nothing is kept between runs, and within a run a node's outputs
+are dropped as soon as the last node reading them has finished (like --cache-none): after the
+run, or after a failed or interrupted one, nothing the run created stays referenced. A fresh node
+instance is made for every run.
+
+With a cache (`cache=NodeCache()`, node_cache.py, the same instance for every run) a run reuses
+outputs as a ComfyUI server does with its default cache: a node whose signature (its class, its
+IS_CHANGED value, its constant inputs and those of everything upstream, and its node id where its
+class declares UNIQUE_ID, as all of this package's nodes do) matches an output of the previous
+run is not run. It gets a "cached" RunEvent (no "start"/"finish"), node_seconds 0.0,
+its readers get the very objects the cache holds, and its ui dict is the cached one (an
+unchanged output node is not run again: its ui names the files an earlier run wrote, as a
+server's history does). Every node that finishes is stored in the cache, so the cache keeps all
+outputs of the last run, not only those still to be read; at the start of a run the entries that
+run cannot use are dropped, so it holds at most one run's outputs. A failed or interrupted run
+leaves the outputs of the nodes that finished (the next run reuses them), never a part of the
+failed node's. Node instances are kept in the cache and reused, one per node id and class_type,
+as ComfyUI's server keeps them.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import torch
 
 from .. import host
 from ..profiling.snapshot import reset_rss_peak, rss_peak
+from .node_cache import CachedNode, NodeCache
 from .workflow import (Issue, Registry, ValidatedWorkflow, WorkflowError, is_link, node_title,
                        validate)
 
@@ -37,7 +52,8 @@ from .workflow import (Issue, Registry, ValidatedWorkflow, WorkflowError, is_lin
 @dataclass(frozen=True)
 class RunEvent:
     """Progress of one node. kind: "start", "progress", "finish" (in-process and server),
-    "cached" (server: reused from its cache)."""
+    "cached" (its outputs reused from the server's cache, or in-process from the NodeCache given
+    to execute: such a node gets no "start" or "finish", and its seconds are 0)."""
 
     kind: str
     node_id: str
@@ -76,8 +92,8 @@ class MemoryPeak:
 @dataclass
 class RunResult:
     run_id: str
-    outputs: dict[str, dict]  # node_id -> the node's "ui" dict
-    node_seconds: dict[str, float]
+    outputs: dict[str, dict]  # node_id -> the node's "ui" dict (a cached node's: the cached one)
+    node_seconds: dict[str, float]  # every node of the run; 0.0 for a node taken from the cache
     seconds: float
     peak: MemoryPeak
     files: list[str] = field(default_factory=list)  # output files the ui dicts name
@@ -110,24 +126,28 @@ class RunInterrupted(RunError):
 
 def run_workflow(workflow: Mapping, registry: Registry, *, on_event: EventCallback | None = None,
                  run_id: str | None = None, source: str | None = None,
-                 extra_pnginfo: dict | None = None) -> RunResult:
+                 extra_pnginfo: dict | None = None,
+                 cache: NodeCache | None = None) -> RunResult:
     """Validate, then execute. Raises WorkflowError before anything runs, RunError (or
-    RunInterrupted) when a node fails or the run is stopped."""
+    RunInterrupted) when a node fails or the run is stopped. `cache`: see execute."""
     validated = validate(workflow, registry, source)
     return execute(validated, registry, on_event=on_event, run_id=run_id,
-                   extra_pnginfo=extra_pnginfo)
+                   extra_pnginfo=extra_pnginfo, cache=cache)
 
 
 def execute(validated: ValidatedWorkflow, registry: Registry, *,
             on_event: EventCallback | None = None, run_id: str | None = None,
-            extra_pnginfo: dict | None = None) -> RunResult:
+            extra_pnginfo: dict | None = None, cache: NodeCache | None = None) -> RunResult:
+    """Run a validated workflow. `cache`: None runs every node and keeps nothing; a NodeCache
+    (the same one for each run) reuses the unchanged nodes' outputs of its previous run and
+    keeps this run's (see the module docstring)."""
     check_supported(validated, registry)
     run_id = run_id or uuid.uuid4().hex
     host.clear_interrupt()
     host.begin_prompt(run_id)  # the memory event log of this run (profiling/events.py)
     meter = _PeakMeter()
     started = time.perf_counter()
-    run = _Run(validated, registry, on_event, extra_pnginfo)
+    run = _Run(validated, registry, on_event, extra_pnginfo, cache)
     host.add_progress_listener(run.on_progress)
     failure: RunError | None = None
     try:
@@ -162,7 +182,10 @@ HIDDEN_VALUES = ("UNIQUE_ID", "PROMPT", "EXTRA_PNGINFO", "DYNPROMPT", "AUTH_TOKE
 
 class _Run:
     def __init__(self, validated: ValidatedWorkflow, registry: Registry,
-                 on_event: EventCallback | None, extra_pnginfo: dict | None):
+                 on_event: EventCallback | None, extra_pnginfo: dict | None,
+                 cache: NodeCache | None = None):
+        self.validated = validated
+        self.cache = cache
         self.nodes = validated.nodes
         self.order = list(validated.order)
         self.registry = registry
@@ -177,11 +200,17 @@ class _Run:
         self.current: tuple[str, int, float] | None = None  # node id, index, start time
 
     def run_all(self) -> None:
+        if self.cache is not None:
+            self.cache.begin_run(self.validated, self.registry)  # calls IS_CHANGED
         for index, node_id in enumerate(self.order, 1):
             try:
                 host.check_interrupt()
             except BaseException as exc:
                 raise _InterruptCheck(str(exc) or "interrupted") from exc
+            cached = self.cache.lookup(node_id) if self.cache is not None else None
+            if cached is not None:
+                self._use_cached(node_id, index, cached)
+                continue
             self.current = (node_id, index, time.perf_counter())
             self._emit("start", node_id, index)
             self._run_node(node_id)
@@ -190,10 +219,23 @@ class _Run:
             self._emit("finish", node_id, index, seconds=seconds)
             self.current = None
 
+    def _use_cached(self, node_id: str, index: int, cached: CachedNode) -> None:
+        """A node whose outputs the cache holds: its readers get those very objects."""
+        if isinstance(cached.ui, dict):
+            self.ui[node_id] = cached.ui
+        if self.readers_left[node_id] > 0:
+            self.values[node_id] = cached.outputs
+        self.node_seconds[node_id] = 0.0
+        self._release_inputs(node_id)
+        self._emit("cached", node_id, index)
+
     def _run_node(self, node_id: str) -> None:
         node = self.nodes[node_id]
         cls = self.registry[node["class_type"]]
-        method = getattr(cls(), cls.FUNCTION)
+        instance = cls() if self.cache is None else \
+            self.cache.node_object(node_id, node["class_type"], cls)
+        method = getattr(instance, cls.FUNCTION)
+        del instance
         arguments = self._arguments(node_id, cls)
         with torch.inference_mode():
             result = method(**arguments)
@@ -202,10 +244,13 @@ class _Run:
         del arguments
         values, ui = _split_result(result, cls)
         del result
+        values = tuple(values)
+        if self.cache is not None:  # the node finished: the next run may reuse all its outputs
+            self.cache.store(node_id, values, ui)
         if isinstance(ui, dict):
             self.ui[node_id] = ui
         if self.readers_left[node_id] > 0:
-            self.values[node_id] = tuple(values)
+            self.values[node_id] = values
         del values
         self._release_inputs(node_id)
 

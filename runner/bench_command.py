@@ -1,10 +1,15 @@
 """`wan-enhanced bench`: the scenario workflows on real-size random weights, measured.
 
-For each scenario the command makes sure its model set exists (official layout, cached), runs
-the scenario's workflow in-process with a fresh memory event log and the GPU activity monitor,
-and appends a row to the results table: case, resolution, frames, steps, offload, total time,
-s/step, peak memory (allocated and reserved), mean SM activity and compute load. Each run's event
-log is saved beside the table, so `wan-enhanced report` can draw it.
+For each scenario the command makes sure its model set exists (cached: the official layout, or
+ComfyUI's repackaged files for the distill scenarios), runs the scenario's workflow in-process
+with a fresh memory event log and the GPU activity monitor, and appends a row to the results
+table: case, resolution, frames, steps, offload, total time, s/step, peak memory (allocated and
+reserved), mean SM activity and compute load, and the run's time by phase (runner/
+bench_phases.py: load, text encode, first step, steady steps, decode, video write; peak host
+memory). With --warm each scenario runs a second time in the same process with the next seed,
+the runner keeping the outputs of unchanged nodes as a ComfyUI server does (the models stay
+loaded, the prompt's encoding is reused): the first row is the cold run, the second the warm
+one. Each run's event log is saved beside the table, so `wan-enhanced report` can draw it.
 
 Ctrl-C, `kill` (SIGTERM) or a hangup (SIGHUP) stops the command at the running workflow's next
 check (runner/stop_signals.py): that scenario's row says "interrupted", no further scenario
@@ -29,7 +34,8 @@ from ..bench.harness import device_name, gib
 from ..profiling.events import start_run
 from ..profiling.report_ranks import device_peak
 from ..profiling.report_data import step_number
-from .bench_models import ensure_model_set
+from .bench_models import ComfySet, ensure_model_set
+from .bench_phases import PHASES, NodeTime, run_phases
 from .stop_signals import FirstStopRaises
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "api_workflows"
@@ -53,6 +59,12 @@ SCENARIOS = {
     "ti2v_long_duration": Scenario("wan22_ti2v_5b_long_duration", "wan2.2-ti2v-5b", True, _NODES),
     "t2v_1_3b_baseline": Scenario("wan21_t2v_1_3b_memory_baseline", "wan2.1-t2v-1.3b", True,
                                   _NODES),
+    # 4-step distill runs, as most people run Wan now: ComfyUI's repackaged files, fp8 weights,
+    # a LightX2V-layout LoRA merged, cfg 1
+    "ti2v_5b_distill": Scenario("wan22_ti2v_5b_distill", "comfy-ti2v-5b-distill", True, _NODES),
+    "t2v_14b_distill": Scenario("wan21_t2v_14b_distill", "comfy-t2v-14b-distill", True, _NODES),
+    "a14b_distill": Scenario("wan22_t2v_a14b_4step_lora", "comfy-t2v-a14b-distill", True,
+                             {"text_encoder": "5", "vae": "6", "latent": "8", "sampler": "9"}),
 }
 
 
@@ -79,6 +91,10 @@ def add_parser(subparsers) -> None:
                         "each run's communication time and largest per-GPU peak")
     p.add_argument("--fsdp", action="store_true",
                    help="the runs on several GPUs shard the model (the sampler's fsdp input)")
+    p.add_argument("--warm", action="store_true",
+                   help="run each scenario a second time in the same process with the next "
+                        "seed, unchanged nodes' outputs kept as a ComfyUI server keeps them "
+                        "(models loaded, prompts encoded): a cold and a warm row")
     p.set_defaults(func=run)
 
 
@@ -109,14 +125,16 @@ def run(args) -> int:
     with FirstStopRaises():  # the first stop signal raises KeyboardInterrupt; later ones wait
         try:
             for name, gpus in [(name, gpus) for name in names for gpus in args.gpus]:
-                row = run_scenario(name, Path(args.models), out, args.max_steps,
-                                   args.assignments, args.tiny, gpus=gpus,
-                                   fsdp=args.fsdp and gpus > 1)
-                add_speedup(row, rows)
-                rows.append(row)
-                print(format_row(row), flush=True)
-                if row["status"] == "interrupted":
-                    interrupted = True
+                for row in run_scenario(name, Path(args.models), out, args.max_steps,
+                                        args.assignments, args.tiny, gpus=gpus,
+                                        fsdp=args.fsdp and gpus > 1, warm=args.warm):
+                    add_speedup(row, rows)
+                    rows.append(row)
+                    print(format_row(row), flush=True)
+                    if row["status"] == "interrupted":
+                        interrupted = True
+                        break
+                if interrupted:
                     break
         except KeyboardInterrupt:  # outside a workflow: writing a model set, saving a log
             interrupted = True
@@ -139,19 +157,22 @@ def _overrides(scenario: Scenario, model_set, workflow: dict, max_steps: int | N
     n = scenario.nodes
     steps = int(workflow[n["sampler"]]["inputs"]["steps"])
     ran = min(steps, max_steps) if max_steps else steps
-    settings = [f"{n['dit']}.model_name={model_set.dit_folder}",
-                f"{n['vae']}.vae_name={model_set.vae_file}",
-                f"{n['text_encoder']}.text_encoder_name={model_set.text_encoder_file}",
-                f"{n['sampler']}.steps={ran}"]
+    settings = [f"{n['sampler']}.steps={ran}"]
+    if not isinstance(model_set, ComfySet):  # a ComfySet's files carry the workflow's names
+        settings += [f"{n['dit']}.model_name={model_set.dit_folder}",
+                     f"{n['vae']}.vae_name={model_set.vae_file}",
+                     f"{n['text_encoder']}.text_encoder_name={model_set.text_encoder_file}"]
     return settings + list(extra), steps, ran
 
 
 def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
                  extra: list[str], tiny: bool = False, gpus: int = 1,
-                 fsdp: bool = False) -> dict:
+                 fsdp: bool = False, warm: bool = False) -> list[dict]:
+    """The scenario's rows: its run, and with `warm` a second run in the same process with the
+    next seed and the first run's unchanged node outputs (stops after a run that did not
+    finish)."""
     from .. import NODE_CLASS_MAPPINGS
-    from ..profiling.activity import ActivityMonitor
-    from .executor import RunError, RunInterrupted, run_workflow
+    from .node_cache import NodeCache
     from .overrides import apply_overrides
     from .workflow import load_workflow
 
@@ -160,22 +181,54 @@ def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
     host.set_headless_folders(models=models, output=out / "videos")
     workflow = load_workflow(WORKFLOWS / f"{scenario.workflow}.json", NODE_CLASS_MAPPINGS)
     settings, steps, ran = _overrides(scenario, model_set, workflow, max_steps, extra)
+    sampler = scenario.nodes["sampler"]
     if gpus > 1:
-        sampler = scenario.nodes["sampler"]
         settings += [f"{sampler}.gpus={gpus}", f"{sampler}.fsdp={str(fsdp).lower()}"]
     workflow = apply_overrides(workflow, settings, NODE_CLASS_MAPPINGS)
-    latent = workflow[scenario.nodes["latent"]]["inputs"]
+    cache = NodeCache() if warm else None
+    rows = []
+    for run in ("cold", "warm") if warm else ("cold",):
+        if run == "warm":
+            seed = int(workflow[sampler]["inputs"]["seed"]) + 1
+            workflow = apply_overrides(workflow, [f"{sampler}.seed={seed}"], NODE_CLASS_MAPPINGS)
+        row = _run_once(name, scenario, workflow, out, steps, ran, gpus, fsdp, cache,
+                        run if warm else None)
+        rows.append(row)
+        if row["status"] != "ok":
+            break
+    return rows
 
+
+def _run_once(name, scenario: Scenario, workflow: dict, out: Path, steps: int, ran: int,
+              gpus: int, fsdp: bool, cache, run: str | None) -> dict:
+    from .. import NODE_CLASS_MAPPINGS
+    from ..profiling.activity import ActivityMonitor
+    from .executor import RunError, RunInterrupted, run_workflow
+
+    latent = workflow[scenario.nodes["latent"]]["inputs"]
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     log = start_run()
-    status, error = "ok", None
+    status, error, peak_rss = "ok", None, None
+    timings, started = [], {}
+
+    def on_event(event) -> None:
+        now = time.time()
+        if event.kind == "start":
+            started[event.node_id] = now
+        elif event.kind in ("finish", "cached"):
+            begun = started.get(event.node_id, now)
+            timings.append(NodeTime(event.node_id, event.class_type, begun, now - begun,
+                                    event.kind == "cached"))
+
     start = time.perf_counter()
     with ActivityMonitor() as monitor:
         try:
-            result = run_workflow(workflow, NODE_CLASS_MAPPINGS)
+            result = run_workflow(workflow, NODE_CLASS_MAPPINGS, on_event=on_event,
+                                  cache=cache)
             peak = result.peak
+            peak_rss = peak.rss if peak else None
             del result
         except RunInterrupted as exc:
             status, error, peak = "interrupted", str(exc), None
@@ -185,18 +238,21 @@ def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
     activity = monitor.result()
     log.attach_activity(activity)
     suffix = "" if gpus == 1 else f"-{gpus}gpus{'-fsdp' if fsdp else ''}"
+    suffix += f"-{run}" if run else ""
     log_path = log.save(out / f"{name}{suffix}-events.json")
     ranks = rank_summary(log.events)
     if ranks:  # the work ran in the GPUs' processes: their peaks, not this process's
         peak = None
     return {
-        "case": name, "status": status, "error": error,
+        "case": name, "run": run, "status": status, "error": error,
         "resolution": f"{latent['width']}x{latent['height']}", "frames": latent["frames"],
         "steps": ran, "steps_in_workflow": steps, "offload": scenario.offload,
         "total_seconds": round(seconds, 2), "seconds_per_step": seconds_per_step(log.events),
         "peak_allocated_gib": _gib(peak.allocated if peak else ranks.get("allocated_peak")),
         # one process: the allocator's reserved peak; several GPUs: the largest device peak
         "peak_reserved_gib": _gib(peak.reserved if peak else ranks.get("device_peak")),
+        "peak_host_gib": _gib(peak_rss),
+        "phases": run_phases(timings, log.events, round(seconds, 3)),
         "gpus": gpus, "fsdp": fsdp, "comm_seconds": ranks.get("comm_seconds"),
         "mean_sm_activity": activity["summary"].get("mean_sm_activity"),
         "compute_load_gpu_s": activity["summary"].get("compute_load"),
@@ -267,6 +323,22 @@ def format_row(row: dict) -> str:
     return " | ".join(_cell(row.get(c)) for c in COLUMNS)
 
 
+def phases_markdown(rows: list[dict]) -> str:
+    """Seconds by phase per run (PHASES; steady steps with their count), peaks beside."""
+    header = ("| case | run | " + " | ".join(p.replace("_", " ") for p in PHASES)
+              + " | peak reserved GiB | peak host GiB |")
+    lines = [header, "|" + "---|" * (len(PHASES) + 4)]
+    for row in rows:
+        phases = row.get("phases")
+        if not phases:
+            continue
+        cells = [str(phases[p]) for p in PHASES]
+        cells[PHASES.index("steady_steps")] += f" ({phases['steady_step_count']})"
+        lines.append(f"| {row['case']} | {row.get('run') or 'cold'} | " + " | ".join(cells)
+                     + f" | {row.get('peak_reserved_gib')} | {row.get('peak_host_gib')} |")
+    return "\n".join(lines) + "\n"
+
+
 def results_markdown(rows: list[dict]) -> str:
     header = ("| case | resolution | frames | steps | offload | total s | s/step | "
               "peak alloc GiB | peak reserved GiB | mean SM % | compute load GPU·s | GPUs | "
@@ -274,10 +346,13 @@ def results_markdown(rows: list[dict]) -> str:
     lines = [header, "|" + "---|" * len(COLUMNS)]
     for row in rows:
         cells = [_cell(row.get(c)) for c in COLUMNS]
+        if row.get("run") == "warm":
+            cells[0] += " (warm)"
         if row["steps"] != row["steps_in_workflow"]:
             cells[3] = f"{row['steps']} of {row['steps_in_workflow']}"
         gpus = row.get("gpus", 1)
         cells[COLUMNS.index("gpus")] = f"{gpus}{' fsdp' if row.get('fsdp') else ''}"
         lines.append("| " + " | ".join(cells) + " |")
     device = rows[0]["device"] if rows else "?"
-    return f"device: {device}\n\n" + "\n".join(lines) + "\n"
+    return (f"device: {device}\n\n" + "\n".join(lines) + "\n\nSeconds by phase:\n\n"
+            + phases_markdown(rows))

@@ -109,3 +109,48 @@ def test_a_model_set_cut_short_is_written_again(tmp_path, monkeypatch, capsys, s
     assert (dit / "config.json").is_file()
     rows = json.loads(next(out.glob("bench-*.json")).read_text())
     assert [r["status"] for r in rows] == ["ok"]
+
+
+def test_phases_split_a_run_by_node_class_and_the_sampler_by_its_steps():
+    from wan_enhanced.runner.bench_phases import NodeTime, run_phases
+
+    nodes = [NodeTime("1", "WanEnhancedModelLoader", 100.0, 2.0),
+             NodeTime("9", "WanEnhancedLoRALoader", 102.0, 0.5),
+             NodeTime("2", "WanEnhancedTextEncoderLoader", 102.5, 1.0, cached=True),
+             NodeTime("4", "WanEnhancedTextEncode", 103.5, 0.7),
+             NodeTime("5", "WanEnhancedEmptyLatent", 104.2, 0.1),
+             NodeTime("6", "WanEnhancedSampler", 104.3, 10.0),
+             NodeTime("7", "WanEnhancedTiledDecode", 114.3, 3.0),
+             NodeTime("8", "WanEnhancedSaveVideo", 117.3, 1.5)]
+    steps = [{"stage": "sample", "node": "6", "time": t, "extra": {"step": i}}
+             for i, t in enumerate((108.3, 109.3, 110.3, 111.3), 1)]
+    other = [{"stage": "sample", "node": "66", "time": 105.0, "extra": {"step": 1}}]
+    phases = run_phases(nodes, steps + other, 19.0)
+    assert phases == {"load": 2.5, "text_encode": 0.7, "first_step": 4.0, "steady_steps": 3.0,
+                      "sample_rest": 3.0, "decode": 3.0, "video_write": 1.5, "other": 0.1,
+                      "total": 19.0, "steady_step_count": 3}
+
+
+def test_bench_distill_scenario_cold_then_warm_on_tiny_models(tmp_path, capsys):
+    """--warm: the second run in the same process reuses the loaded models and the encoded
+    prompt (no load, no text encoding) and samples again with the next seed."""
+    out = tmp_path / "out"
+    code = main(["bench", "--tiny", "--warm", "--scenario", "ti2v_5b_distill",
+                 "--set", "5.width=64", "--set", "5.height=64", "--set", "5.frames=5",
+                 "--set", "2.device=cpu", "--set", "1.weight_dtype=fp32", "--set",
+                 "1.attention=sdpa", "--models", str(tmp_path / "models"), "--out", str(out)])
+    assert code == 0
+    rows = json.loads(next(out.glob("bench-*.json")).read_text())
+    assert [(r["case"], r["run"], r["status"]) for r in rows] == [
+        ("ti2v_5b_distill", "cold", "ok"), ("ti2v_5b_distill", "warm", "ok")]
+    cold, warm = (r["phases"] for r in rows)
+    assert cold["load"] > 0 and cold["text_encode"] > 0
+    assert warm["load"] == 0 and warm["text_encode"] == 0
+    for phases in (cold, warm):
+        assert phases["steady_step_count"] == 3  # 4 steps
+        assert phases["decode"] > 0 and phases["video_write"] > 0
+        parts = sum(v for k, v in phases.items() if k not in ("total", "steady_step_count"))
+        assert parts <= phases["total"] * 1.001 + 0.01
+    assert len(list(out.glob("videos/**/*.mp4"))) == 2
+    table = next(out.glob("bench-*.md")).read_text()
+    assert "ti2v_5b_distill (warm)" in table and "| ti2v_5b_distill | warm |" in table

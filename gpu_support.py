@@ -76,23 +76,45 @@ def triton_version() -> str:
         return "not installed"
 
 
+_OPERATORS: dict[str, tuple] = {}  # qualified name -> (fn, fake, mutates): not yet registered
+
+
 def kernel_operator(qualified_name: str, fn, fake, mutates: tuple[str, ...] = ()):
     """A callable for the kernel launcher `fn`: while torch.compile traces, the PyTorch operator
     `namespace::name` with `fake` (its output shapes), which keeps the kernel whole inside a
     compiled region; in eager runs `fn` itself, without the operator's dispatch (tens of
     microseconds a call). `mutates`: the arguments fn writes in place (the compiler then writes
-    into the graph's own input there, no copy). The operator is registered once per process,
-    also when two copies of this package are imported (ComfyUI's custom_nodes copy and an
-    installed one): the second copy gets the first one's."""
+    into the graph's own input there, no copy).
+
+    The operator is registered only when something compiles (register_kernel_operators, which
+    wan/compiled_blocks.py calls before torch.compile; or a trace that reaches the kernel
+    first): registering imports torch's fake-tensor and compiler machinery, seconds of an eager
+    run's start spent on nothing it uses. It is registered once per process, also when two
+    copies of this package are imported (ComfyUI's custom_nodes copy and an installed one): the
+    second copy gets the first one's."""
+    _OPERATORS[qualified_name] = (fn, fake, mutates)
+
+    def call(*args):
+        if torch.compiler.is_compiling():
+            return _registered(qualified_name)(*args)
+        return fn(*args)
+    return call
+
+
+def register_kernel_operators() -> None:
+    """Register the operator of every kernel imported so far (before torch.compile traces)."""
+    for name in list(_OPERATORS):
+        _registered(name)
+
+
+def _registered(qualified_name: str):
     namespace, name = qualified_name.split("::")
     operator = getattr(getattr(torch.ops, namespace), name, None)
     if operator is None:
+        fn, fake, mutates = _OPERATORS[qualified_name]
         operator = torch.library.custom_op(qualified_name, fn, mutates_args=mutates)
         operator.register_fake(fake)
-
-    def call(*args):
-        return operator(*args) if torch.compiler.is_compiling() else fn(*args)
-    return call
+    return operator
 
 
 _WARNED: set[str] = set()

@@ -197,7 +197,8 @@ def _check_shapes(path: Path, module: nn.Module, plan: _Plan, what: str) -> None
 
 def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dtype],
             quantized: "QuantScheme | None" = None, merge: WeightMerge | None = None,
-            is_matrix: Callable[[str], bool] | None = None) -> None:
+            is_matrix: Callable[[str], bool] | None = None,
+            device: torch.device | None = None) -> None:
     """Read each tensor once, convert, and assign; a failure drops everything read so far.
 
     With `quantized`, each block matrix is quantized as soon as it is read: host memory holds
@@ -212,7 +213,7 @@ def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dty
     try:
         for ours, file_key in plan.key_map.items():
             if quantized is not None and is_matrix(ours) and ours.endswith(".weight"):
-                stored = read_quantized(plan, ours, file_key, quantized, merge)
+                stored = read_quantized(plan, ours, file_key, quantized, merge, device)
                 state[ours] = stored.codes
                 state[ours[:-len("weight")] + "weight_scale"] = stored.scales
                 kept += stored.kept_as_stored
@@ -240,13 +241,18 @@ def _file_scale(plan: _Plan, ours: str) -> torch.Tensor | None:
 
 
 def read_float(plan: _Plan, ours: str, file_key: str,
-               merge: WeightMerge | None = None) -> torch.Tensor:
+               merge: WeightMerge | None = None, device: torch.device | None = None
+               ) -> torch.Tensor:
     """One tensor as the file has it (dequantized with its scale when it has one), or, when
-    `merge` touches it, as a float32 copy with the change added."""
+    `merge` touches it, as a float32 copy with the change added. device: where the tensor is
+    dequantized and merged (and returned); None: the CPU."""
     from ..quant.on_load import dequantize_stored
 
     scale = _file_scale(plan, ours)
     tensor = plan.source.read(file_key)
+    if device is not None:
+        tensor = tensor.to(device)
+        scale = None if scale is None else scale.to(device)
     if scale is not None:
         try:
             tensor = dequantize_stored(tensor, scale)
@@ -269,20 +275,30 @@ def read_converted(plan: _Plan, ours: str, file_key: str, dtype: torch.dtype,
 
 
 def read_quantized(plan: _Plan, ours: str, file_key: str, quantized: "QuantScheme",
-                   merge: WeightMerge | None = None):
+                   merge: WeightMerge | None = None, device: torch.device | None = None):
     """One block matrix as `quantized` stores it (quant.on_load.stored_weight); a merged one is
-    quantized from its float32 sum (fp8 files' codes are then not kept as stored)."""
-    from ..quant.on_load import stored_weight
+    quantized from its float32 sum (fp8 files' codes are then not kept as stored).
+
+    device: where the matrix is merged and quantized (a GPU does it in a fraction of the CPU's
+    time; the same elementwise operations, so the same codes for an unmerged matrix); the
+    codes and scales are returned on the CPU. Codes kept as the file stores them never move."""
+    from ..quant.on_load import StoredWeight, keeps_stored, stored_weight
 
     if merge is not None and merge.touches(ours):
-        scale, weight = None, read_float(plan, ours, file_key, merge)
+        scale, weight = None, read_float(plan, ours, file_key, merge, device)
     else:
         scale, weight = _file_scale(plan, ours), plan.source.read(file_key)
+        if device is not None and not keeps_stored(quantized, weight):
+            weight = weight.to(device)
+            scale = None if scale is None else scale.to(device)
     try:
-        return stored_weight(quantized, weight, scale)
+        stored = stored_weight(quantized, weight, scale)
     except ValueError as exc:
         where = file_key if scale is None else f"{plan.scales[ours]} (the scale of {file_key})"
         raise CheckpointError(f"{plan.info.path}: {where}: {exc}") from None
+    if stored.codes.device.type == "cpu":
+        return stored
+    return StoredWeight(stored.codes.cpu(), stored.scales.cpu(), stored.kept_as_stored)
 
 
 def _quantization_detail(plan: _Plan, quantized: "QuantScheme", kept: int,
@@ -380,7 +396,8 @@ def _load(path, expected, role) -> tuple[nn.Module, CheckpointInfo, _Plan]:
 
 
 def load_dit(path: str | Path, dtype: torch.dtype = torch.bfloat16,
-             quantization: str | None = None, merge: WeightMerge | None = None):
+             quantization: str | None = None, merge: WeightMerge | None = None,
+             device: torch.device | None = None):
     """A WanDiT on the CPU: block matrices and embeddings in `dtype`, norms and modulation in
     float32; fp8-scaled files are dequantized with their scales.
 
@@ -390,7 +407,9 @@ def load_dit(path: str | Path, dtype: torch.dtype = torch.bfloat16,
     everything else loads as above and the model computes in bf16.
 
     merge: changes added into the tensors it touches as they are read, in float32 and before
-    any quantization (a LoRA merged on load: lora.Merge)."""
+    any quantization (a LoRA merged on load: lora.Merge).
+    device: where the block matrices are quantized (and merged) on their way to the CPU
+    (read_quantized); None: the CPU."""
     from ..quant.block_linears import quantize_block_linears
     from ..quant.schemes import COMPUTE_DTYPE, SCHEMES
     from ..wan.dit import is_block_linear, keeps_float32
@@ -415,7 +434,7 @@ def load_dit(path: str | Path, dtype: torch.dtype = torch.bfloat16,
             return torch.float32
         return COMPUTE_DTYPE if chosen is not None and is_block_linear(key) else dtype
 
-    _stream(plan, module, dtype_for, chosen, merge)
+    _stream(plan, module, dtype_for, chosen, merge, device=device)
     return module.eval().requires_grad_(False), info
 
 

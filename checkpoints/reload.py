@@ -22,11 +22,13 @@ from .reader import CheckpointError, open_checkpoint
 
 def reload_tensors(path: str | Path, tensors: dict[str, torch.Tensor], config,
                    keys: Iterable[str], quantization: str | None = None,
-                   merge: WeightMerge | None = None) -> None:
+                   merge: WeightMerge | None = None,
+                   device: torch.device | None = None) -> None:
     """Read `keys` (our names) again from the DiT checkpoint `path` into `tensors` (the
     model's own tensors by our names, e.g. lora.layers.official_tensors), with `merge` added.
     `quantization`: the weight_dtype that quantized the model's block matrices, or None.
-    `config` is the model's: a file that no longer holds that model is refused first."""
+    `config` is the model's: a file that no longer holds that model is refused first.
+    `device`: where the block matrices are merged and quantized (read_quantized)."""
     from ..quant.schemes import SCHEMES
 
     plan, _ = prepare(open_checkpoint(path), ("dit",), "model loader")
@@ -40,7 +42,7 @@ def reload_tensors(path: str | Path, tensors: dict[str, torch.Tensor], config,
             for key in keys:
                 file_key = plan.key_map[key]
                 if chosen is not None and is_block_linear(key) and key.endswith(".weight"):
-                    stored = read_quantized(plan, key, file_key, chosen, merge)
+                    stored = read_quantized(plan, key, file_key, chosen, merge, device)
                     tensors[key].copy_(stored.codes)
                     tensors[key[:-len("weight")] + "weight_scale"].copy_(stored.scales)
                     del stored

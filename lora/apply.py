@@ -91,11 +91,12 @@ def _signature(choices, stamps) -> tuple:
 
 
 def bring_to(model: torch.nn.Module, base_path: Path, quantization: str | None,
-             choices: tuple[LoraChoice, ...]) -> None:
+             choices: tuple[LoraChoice, ...], work_device: torch.device | None = None) -> None:
     """Make `model` (loaded from `base_path`, its block matrices quantized as `quantization`
     or not) hold exactly the LoRAs `choices`. Its tensors must be where they wait between runs
     (not placed on a device for a run). Raises LoraError / CheckpointError for a file that
-    cannot be read or does not fit, before any weight changes."""
+    cannot be read or does not fit, before any weight changes. `work_device`: where the
+    rewritten block matrices are merged and quantized (checkpoints.loader.read_quantized)."""
     now = held(model)
     stamps = [file_stamp(c.path) if c.path.is_file() else None for c in choices]
     if now.choices == _signature(choices, stamps) and _DIRTY not in now.merged.values():
@@ -114,7 +115,8 @@ def bring_to(model: torch.nn.Module, base_path: Path, quantization: str | None,
         rewrite = sorted(k for k in set(now.merged) | set(wanted.merged)
                          if now.merged.get(k) != wanted.merged.get(k))
         if rewrite:
-            _rewrite(model, base_path, quantization, choices, files, rewrite, now, rescaled)
+            _rewrite(model, base_path, quantization, choices, files, rewrite, now, rescaled,
+                     work_device)
         if ([sig[:2] for sig in now.unmerged] == [sig[:2] for sig in wanted.unmerged]
                 and now.rescaled == rescaled):
             _rescale(model, [c for c, _, _ in unmerged], rescaled)
@@ -161,7 +163,7 @@ def _wanted(choices, files, stamps, rescaled: frozenset) -> _Held:
 
 
 def _rewrite(model, base_path, quantization, choices, files, keys, now: _Held,
-             rescaled: frozenset) -> None:
+             rescaled: frozenset, work_device: torch.device | None = None) -> None:
     """Read `keys` again from the model's file with the merged LoRAs added."""
     merge = Merge({})
     for choice, lora in zip(choices, files):
@@ -173,7 +175,8 @@ def _rewrite(model, base_path, quantization, choices, files, keys, now: _Held,
     # until the rewrite completes, these weights are neither the old nor the new ones
     _HELD[model] = _Held({**now.merged, **{k: _DIRTY for k in keys}},
                          now.unmerged if wrapped else (), ("rewriting",), now.rescaled)
-    reload_tensors(base_path, official_tensors(model), model.config, keys, quantization, merge)
+    reload_tensors(base_path, official_tensors(model), model.config, keys, quantization, merge,
+                   work_device)
 
 
 # factors already read, by (file, stamp, dtype): another strength of the same LoRA (a new

@@ -43,6 +43,11 @@ def dequantize_stored(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
     return weight.float() * rows.reshape(-1, *([1] * (weight.dim() - 1)))
 
 
+def keeps_stored(chosen: QuantScheme, weight: torch.Tensor) -> bool:
+    """Whether `chosen` keeps a file's matrix `weight` as stored (its fp8 codes, unchanged)."""
+    return weight.dtype == chosen.storage_dtype == torch.float8_e4m3fn
+
+
 def stored_weight(chosen: QuantScheme, weight: torch.Tensor,
                   scale: torch.Tensor | None) -> StoredWeight:
     """The codes and per-row scales `chosen` stores for a file's block matrix `weight`
@@ -51,7 +56,7 @@ def stored_weight(chosen: QuantScheme, weight: torch.Tensor,
         raise ValueError(f"a block matrix of shape {list(weight.shape)}; expected 2 dimensions")
     rows = weight.shape[0]
     scales = None if scale is None else per_row_scales(scale, rows)
-    if weight.dtype == chosen.storage_dtype == torch.float8_e4m3fn:
+    if keeps_stored(chosen, weight):
         if scales is None:
             scales = torch.ones(rows, dtype=torch.float32)
         return StoredWeight(weight, scales, True)

@@ -35,6 +35,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from ..gpu_support import register_kernel_operators
 from .glue import add_gated_
 
 # Every video size, timestep form (TI2V per-frame or not) and weight format gets its own graphs of
@@ -111,6 +112,7 @@ def wrap_phase_graphs(block_class: type, wrap: Callable[[str, Callable], Callabl
 def _graphs(block_class: type) -> _PhaseGraphs:
     graphs = _GRAPHS.get(block_class)
     if graphs is None:
+        register_kernel_operators()  # our kernels as operators the graphs keep whole
         _raise_recompile_limit(COMPILED_GRAPHS_KEPT)
         graphs = _GRAPHS[block_class] = _PhaseGraphs(*(
             torch.compile(phase, dynamic=False) for phase in (

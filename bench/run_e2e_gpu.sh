@@ -21,7 +21,7 @@ print(s.workflow, s.model_set)
 PY
 )
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv \
-  > "$out/gpu.csv"
+  | tee /dev/stderr >/dev/null
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 start=$(date +%s)
 python3 -c "from wan_enhanced.runner.bench_models import ensure_model_set as e; \

@@ -279,18 +279,16 @@ def read_quantized(plan: _Plan, ours: str, file_key: str, quantized: "QuantSchem
     """One block matrix as `quantized` stores it (quant.on_load.stored_weight); a merged one is
     quantized from its float32 sum (fp8 files' codes are then not kept as stored).
 
-    device: where the matrix is merged and quantized (a GPU does it in a fraction of the CPU's
-    time; the same elementwise operations, so the same codes for an unmerged matrix); the
-    codes and scales are returned on the CPU. Codes kept as the file stores them never move."""
-    from ..quant.on_load import StoredWeight, keeps_stored, stored_weight
+    device: where a merged matrix is merged and quantized (its float32 low-rank products and
+    sums take a GPU a fraction of the CPU's time); its codes and scales come back to the CPU.
+    A matrix no merge touches is quantized on the CPU, so that its codes are those a load
+    gives whatever the device (a GPU's rounding of the scales' division can differ)."""
+    from ..quant.on_load import StoredWeight, stored_weight
 
     if merge is not None and merge.touches(ours):
         scale, weight = None, read_float(plan, ours, file_key, merge, device)
     else:
         scale, weight = _file_scale(plan, ours), plan.source.read(file_key)
-        if device is not None and not keeps_stored(quantized, weight):
-            weight = weight.to(device)
-            scale = None if scale is None else scale.to(device)
     try:
         stored = stored_weight(quantized, weight, scale)
     except ValueError as exc:
@@ -408,8 +406,8 @@ def load_dit(path: str | Path, dtype: torch.dtype = torch.bfloat16,
 
     merge: changes added into the tensors it touches as they are read, in float32 and before
     any quantization (a LoRA merged on load: lora.Merge).
-    device: where the block matrices are quantized (and merged) on their way to the CPU
-    (read_quantized); None: the CPU."""
+    device: where the block matrices a merge touches are merged and quantized on their way to
+    the CPU (read_quantized); None: the CPU."""
     from ..quant.block_linears import quantize_block_linears
     from ..quant.schemes import COMPUTE_DTYPE, SCHEMES
     from ..wan.dit import is_block_linear, keeps_float32

@@ -21,7 +21,7 @@ from ..lora.apply import bring_to
 from ..offload.block_swap import BlockSwap
 from .handles import WanModelHandle
 from .placement import DevicePlacement, tensor_bytes
-from .work_device import load_work_device
+from .work_device import merge_work_device
 
 
 class DiTPlacement:
@@ -46,7 +46,7 @@ class DiTPlacement:
         self.take_off()
         # the handle's LoRAs, while every tensor is where it waits between runs
         bring_to(handle.model, Path(handle.info.path), handle.quantization, handle.loras,
-                 load_work_device())
+                 merge_work_device())
         blocks = list(handle.model.blocks)
         on_cpu = all(t.device.type == "cpu" for t in blocks[0].parameters()) if blocks else False
         count = min(self.block_swap, len(blocks)) if on_cpu else 0

@@ -19,7 +19,6 @@ from ..wan.bf16_attention import bf16_hopper_fallback, bf16_hopper_unavailable
 from ..wan.fp8_attention import fp8_attention_unavailable
 from ..wan.tokenizer import UMT5Tokenizer
 from .handles import WanCLIPVisionHandle, WanModelHandle, WanTextEncoderHandle, WanVAEHandle
-from .work_device import load_work_device
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 AUTO = "auto"  # bf16 where the model computes on a GPU, fp32 where it computes on a CPU
@@ -68,8 +67,7 @@ def load_model(path: Path, weight_dtype: str = "bf16", attention: str = "auto",
                      else DTYPES.get(weight_dtype))
     if weight_dtype in SCHEMES:
         _check_fast_fp8(weight_dtype)
-        model, info = load_dit(path, COMPUTE_DTYPE, quantization=weight_dtype,
-                               device=load_work_device())
+        model, info = load_dit(path, COMPUTE_DTYPE, quantization=weight_dtype)
     elif weight_dtype in DTYPES:
         model, info = load_dit(path, DTYPES[weight_dtype])
     else:

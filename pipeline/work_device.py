@@ -1,11 +1,12 @@
-"""Where loading's arithmetic runs: quantizing block matrices and merging LoRAs.
+"""Where a LoRA's merge runs: the float32 sums of the block matrices a merged LoRA changes.
 
-On a CUDA device a matrix is copied there, merged and quantized, and its codes come back: a
-fraction of the time the CPU takes (its float32 pass over every weight is what made loading and
-a LoRA's merge slow). The result is the same as on the CPU for an unmerged matrix (the same
-elementwise operations); a merged one may differ from a CPU merge by float32 rounding (another
-summation order of the low-rank product). Without CUDA, or with less free device memory than a
-few of the largest matrices need, the CPU does it.
+On a CUDA device each such matrix is copied there, merged (its low-rank products and sums) and
+quantized, and its codes come back: the CPU's float32 pass over every changed weight was most
+of the first step of a LoRA'd run. A merged matrix may differ from a CPU merge by a code step
+(float32 rounding of another summation order, and of the scales' division). Matrices no merge
+touches are read on the CPU as a load reads them, so taking a LoRA out restores the loaded
+codes exactly. Without CUDA, or with less free device memory than a few of the largest matrices
+need, the CPU does it all.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from .. import host
 NEEDED_FREE_BYTES = 2 * 2 ** 30
 
 
-def load_work_device() -> torch.device | None:
-    """The CUDA device to quantize and merge on, or None for the CPU."""
+def merge_work_device() -> torch.device | None:
+    """The CUDA device to merge and quantize on, or None for the CPU."""
     device = host.compute_device()
     if device.type != "cuda":
         return None

@@ -715,11 +715,16 @@ def comfy_version(path: Path) -> dict:
     found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
     if found:
         version = found.group(1)
-    commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or None
-    dirty = None
+    top = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"],
+                         capture_output=True, text=True).stdout.strip()
+    commit = dirty = None
     changed: list[str] = []
-    if commit:
+    if top and Path(top).resolve() == path.resolve():  # PATH is itself a git work tree
+        commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"],
+                                capture_output=True, text=True).stdout.strip() or None
+    elif (path / "COMMIT").is_file():  # a copy of a checkout's files, its commit beside them
+        commit = (path / "COMMIT").read_text().strip() or None
+    if commit and top and Path(top).resolve() == path.resolve():
         status = subprocess.run(["git", "-C", str(path), "status", "--porcelain",
                                  "--untracked-files=no"], capture_output=True, text=True)
         changed = [line[3:] for line in status.stdout.splitlines() if line.strip()]

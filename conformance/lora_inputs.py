@@ -7,7 +7,7 @@ conformance/make_peft_dora_reference.py with PEFT's.
     python -m wan_enhanced.conformance.lora_inputs tests/data/lora
 
 ComfyUI reads the kohya, Wan Fun, prefixed generic and full-difference names, LoHa, LoKr and
-kohya DoRA, but not the bare official names, diffusers' names, LyCORIS module names, PEFT's
+kohya DoRA and OFT, but not the bare official names, diffusers' names, LyCORIS module names, PEFT's
 lora_B bias or LightX2V's `.diff_m`: a file in one of those holds the same content as a file
 ComfyUI reads (its `twin`: the diffusers names as generic names, `lycoris_` names as
 `diffusion_model.` names, a lora_B bias as a `.diff_b`, a `blocks.N.diff_m` as
@@ -28,8 +28,8 @@ import torch
 from ..atomic_files import atomic_target, write_atomically
 from ..checkpoints.tiny import random_dit_state
 from ..lora.keymap import dit_shapes
-from ..lora.tiny import (LoraContent, add_dora, block_modules, lightx2v_lora, random_lokr,
-                         random_loha, random_lora, write_lora)
+from ..lora.tiny import (LoraContent, add_dora, block_modules, lightx2v_lora, merged_content,
+                         random_lokr, random_loha, random_lora, random_oft, write_lora)
 from ..wan.configs import DiTConfig
 
 # head_dim 16: ComfyUI gets the head count from cases.json, our loader from the file's metadata
@@ -86,6 +86,13 @@ def contents(base: dict[str, torch.Tensor]):
     block0 = block_modules(CONFIG, blocks=[0])
     peft_dora = add_dora(random_lora(CONFIG, seed=26, modules=block0, rank=4), base, seed=27,
                          modules=block0, style="lora_magnitude_vector")
+    # OFT on block 1: the attentions free, the feed-forward under a norm constraint small
+    # enough to scale its blocks down
+    attention = [m for m in block1 if ".ffn." not in m]
+    oft = merged_content(random_oft(CONFIG, seed=28, modules=attention, block_size=8),
+                         random_oft(CONFIG, seed=29, modules=[m for m in block1
+                                                              if ".ffn." in m],
+                                    block_size=16, constraint=0.05))
     return {
         "kohya": (random_lora(CONFIG, seed=13, rank=4, alpha=2.0,
                               diffs=("blocks.0.norm3.weight", "blocks.1.cross_attn.o.bias")),
@@ -105,6 +112,7 @@ def contents(base: dict[str, torch.Tensor]):
         "peft_bias": (peft_bias, "diffusers", "peft_bias_twin"),
         "peft_bias_twin": (peft_bias_twin, "generic", None),
         "peft_dora": (peft_dora, "diffusers", None),
+        "oft": (oft, "kohya", None),
     }
 
 
@@ -126,9 +134,12 @@ CASES = {
     "peft_bias": [("peft_bias", 1.3)],
     "stack_lycoris": [("kohya", 0.8), ("dora", 0.7), ("loha", 1.0), ("lokr", -0.4),
                       ("lightx2v", 1.0)],
+    "oft": [("oft", 1.0)],
+    "oft_strength": [("oft", 0.7)],
+    "stack_oft": [("kohya", 0.5), ("oft", 0.8), ("lokr", 1.0)],
 }
 # the same chains on the base's weights in bf16 (ComfyUI computes on them in float32)
-BF16_CASES = ("lightx2v", "loha", "lokr", "dora_strength", "stack_lycoris")
+BF16_CASES = ("lightx2v", "loha", "lokr", "dora_strength", "stack_lycoris", "oft_strength")
 # merged by PEFT (strength 1: PEFT has no strength), not by ComfyUI
 PEFT_CASES = {"peft_dora": [("peft_dora", 1.0)]}
 

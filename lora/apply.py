@@ -37,7 +37,7 @@ from .file import LoraFile, open_lora
 from .keymap import dit_shapes
 from .layers import official_tensors, unwrap_all, wrap, wrappers
 from .merge import Merge
-from .patches import Decomposed, Difference, LowRank, Patch, unscaled_delta
+from .patches import NOT_ADDITIVE, Difference, LowRank, Patch, unscaled_delta
 
 MODES = ("merge", "unmerged")
 
@@ -133,15 +133,16 @@ def _layer(key: str) -> str:
 
 
 def _rescaled_layers(files: list[LoraFile]) -> frozenset:
-    """The block layers some LoRA of the chain changes by DoRA."""
+    """The block layers some LoRA of the chain changes by DoRA or OFT (a function of the
+    weight, not a term added to it)."""
     return frozenset(_layer(k) for lora in files for k, p in lora.patches.items()
-                     if isinstance(p, Decomposed) and is_block_linear(k))
+                     if isinstance(p, NOT_ADDITIVE) and is_block_linear(k))
 
 
 def _kept_apart(key: str, patch: Patch) -> bool:
     """Whether an unmerged LoRA can keep its patch of `key` apart from the weights: a term on
-    a block matrix (not DoRA's rescaling)."""
-    return is_block_linear(key) and not isinstance(patch, Decomposed)
+    a block matrix (not DoRA's rescaling or OFT's rotation)."""
+    return is_block_linear(key) and not isinstance(patch, NOT_ADDITIVE)
 
 
 def _contributes(choice: LoraChoice, key: str, patch: Patch, rescaled: frozenset) -> bool:

@@ -11,7 +11,8 @@ from typing import Iterator, Mapping
 from ..checkpoints.reader import CheckpointError, TensorSource
 from .formats import LoraKey
 from .keymap import ModelNames
-from .patches import Additive, Decomposed, Difference, Hadamard, Kronecker, LowRank, Patch
+from .patches import (Additive, Decomposed, Difference, Hadamard, Kronecker, LowRank,
+                      Orthogonal, Patch)
 
 
 class LoraError(CheckpointError):
@@ -32,7 +33,8 @@ def module_patches(source: TensorSource, names: ModelNames, shapes: Mapping[str,
     path = source.path
     weight_kinds = [kind for kind, found in (
         ("a low-rank pair", _PAIR & set(roles)), ("LoHa factors", _LOHA & set(roles)),
-        ("LoKr factors", _LOKR & set(roles)), ("a full difference", {"diff"} & set(roles)))
+        ("LoKr factors", _LOKR & set(roles)), ("OFT blocks", {"oft_blocks"} & set(roles)),
+        ("a full difference", {"diff"} & set(roles)))
         if found]
     if len(weight_kinds) > 1:
         shown = ", ".join(repr(k.key) for k in roles.values())
@@ -46,6 +48,16 @@ def module_patches(source: TensorSource, names: ModelNames, shapes: Mapping[str,
                 raise LoraError(f"{path}: {roles[role].key!r} is {what} without the low-rank "
                                 f"pair, LoHa or LoKr factors of its module")
     target = names.target(ours, "up")
+    if "oft_rescale" in roles:
+        raise LoraError(f"{path}: {roles['oft_rescale'].key!r} is OFT's output rescaling, which "
+                        f"ComfyUI leaves out when it merges OFT; refused rather than ignored "
+                        f"(merge the file without it)")
+    if "oft_blocks" in roles:
+        for role in ("dora_scale", "magnitude", "up_bias"):
+            if role in roles:
+                raise LoraError(f"{path}: {roles[role].key!r} beside OFT blocks: DoRA and lora_B "
+                                f"biases belong to low-rank, LoHa or LoKr patches")
+        yield target, _oft(source, shapes, target, roles)
     inner: Additive | None = None
     if _PAIR & set(roles):
         inner = _low_rank(source, shapes, target, roles)
@@ -206,6 +218,20 @@ def _check_kronecker(source, patch: Kronecker, target: str, expected: tuple) -> 
                 and math.prod(b[1:]) == cols * math.prod(kernel)):
             fail(f"{patch.w2_a!r} {list(a)} times {patch.w2_b!r} {list(b)}, expected "
                  f"[{rows}, rank] and [rank, {cols * math.prod(kernel)}]")
+
+
+def _oft(source, shapes, target, roles) -> Orthogonal:
+    key = roles["oft_blocks"].key
+    _floats(source, key)
+    have = tuple(source.shape(key))
+    constraint = _alpha(source, roles["alpha"].key) if "alpha" in roles else 0.0
+    if target is not None:
+        rows = shapes[target][0]
+        if len(have) != 3 or have[1] != have[2] or have[0] * have[1] != rows:
+            raise LoraError(f"{source.path}: {key!r} has shape {list(have)} but the model's "
+                            f"{target} has {rows} output rows: OFT blocks are [k, n, n] with "
+                            f"k * n = {rows}")
+    return Orthogonal(key, constraint)
 
 
 def _dora(source, shapes, target, inner: Additive, key: LoraKey) -> Decomposed:

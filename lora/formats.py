@@ -31,6 +31,8 @@ ROLES = {
     ".lokr_w1": "lokr_w1", ".lokr_w1_a": "lokr_w1_a", ".lokr_w1_b": "lokr_w1_b",
     ".lokr_w2": "lokr_w2", ".lokr_w2_a": "lokr_w2_a", ".lokr_w2_b": "lokr_w2_b",
     ".lokr_t2": "lokr_t2",
+    ".oft_blocks": "oft_blocks",  # LyCORIS OFT: a block-diagonal rotation
+    ".rescale": "oft_rescale",  # OFT's output rescaling (refused: see lora/build.py)
     ".dora_scale": "dora_scale",  # kohya / LyCORIS DoRA
     ".lora_magnitude_vector": "magnitude", ".lora_magnitude_vector.weight": "magnitude",
     ".lora_magnitude_vector.default": "magnitude",
@@ -52,12 +54,12 @@ FORMATS_READ = ("low-rank pairs under kohya/musubi (lora_unet_...), LyCORIS (lyc
                 "transformer., base_model.model.) and diffusers names (lora_up/lora_down, "
                 "lora_A/lora_B, optional alpha, PEFT lora_B.bias); full differences (.diff, "
                 ".diff_b, LightX2V's .diff_m, LyCORIS .w_norm/.b_norm); LyCORIS LoHa "
-                "(hada_*) and LoKr (lokr_*); DoRA (dora_scale, PEFT lora_magnitude_vector)")
+                "(hada_*), LoKr (lokr_*) and OFT (oft_blocks); DoRA (dora_scale, PEFT "
+                "lora_magnitude_vector)")
 
 # Endings of formats we know of but do not read, to say which one a refused file is.
 _KNOWN_OTHERS = {
-    "oft_blocks": "LyCORIS OFT", "oft_diag": "LyCORIS OFT", "rescale": "LyCORIS OFT",
-    "oft_R": "BOFT", "a1.weight": "GLoRA", "a2.weight": "GLoRA", "b1.weight": "GLoRA",
+    "oft_diag": "LyCORIS OFT in its first layout (oft_diag)", "oft_R": "BOFT", "a1.weight": "GLoRA", "a2.weight": "GLoRA", "b1.weight": "GLoRA",
     "b2.weight": "GLoRA", "lora_mid.weight": "LoCon with a Tucker middle factor",
     "set_weight": "a weight replacement", "reshape_weight": "a reshaping patch",
 }

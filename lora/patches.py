@@ -13,9 +13,12 @@ header gave. The arithmetic is ComfyUI's weight adapters' (comfy/weight_adapter/
                                                               of the decomposed factor (w2's
                                                               first), else 1
   Decomposed  DoRA: not a sum; it rescales the weight its inner patch has changed (apply_dora_)
+  Orthogonal  OFT: not a sum; the weight's output rows, in blocks, turned by the Cayley
+              transform R of the skew-symmetric part of each block (apply_oft_)
 
-Every delta except DoRA's is added as weight += strength * delta; DoRA at strength s moves the
-weight s of the way to its result: W + s * (W_dora - W), as ComfyUI does.
+Every delta except DoRA's and OFT's is added as weight += strength * delta; DoRA at strength s
+moves the weight s of the way to its result: W + s * (W_dora - W); OFT at strength s adds
+s * (s * (R - I))^T applied to each block of rows, as ComfyUI does (so strength enters twice).
 """
 
 from __future__ import annotations
@@ -94,7 +97,22 @@ class Decomposed:
         return self.inner.scale
 
 
-Patch = LowRank | Difference | Hadamard | Kronecker | Decomposed
+@dataclass(frozen=True)
+class Orthogonal:
+    """OFT: `blocks` [k, n, n], one n x n matrix per block of n output rows (k * n rows);
+    `constraint` (the file's alpha, 0 without one): the skew-symmetric part is scaled down to
+    this Frobenius norm when larger."""
+    blocks: str
+    constraint: float
+
+    @property
+    def scale(self) -> float:
+        return 1.0
+
+
+Patch = LowRank | Difference | Hadamard | Kronecker | Decomposed | Orthogonal
+# patches that change a weight by a function of it rather than by a term added to it
+NOT_ADDITIVE = (Decomposed, Orthogonal)
 
 
 def _f32(read: Read, key: str, device) -> torch.Tensor:
@@ -148,6 +166,8 @@ def add_(weight: torch.Tensor, patch: Patch, read: Read, strength: float) -> Non
     where = dict(device=weight.device, dtype=torch.float32)
     if isinstance(patch, Decomposed):
         apply_dora_(weight, patch, read, strength)
+    elif isinstance(patch, Orthogonal):
+        apply_oft_(weight, patch, read, strength)
     elif isinstance(patch, LowRank):
         up = read(patch.up).to(**where).flatten(1)
         down = read(patch.down).to(**where).flatten(1)
@@ -184,3 +204,20 @@ def apply_dora_(weight: torch.Tensor, patch: Decomposed, read: Read, strength: f
         weight.copy_(changed)
     else:
         weight.add_(changed.sub_(weight), alpha=strength)
+
+
+def apply_oft_(weight: torch.Tensor, patch: Orthogonal, read: Read, strength: float) -> None:
+    """weight (float32) += strength * (strength * (R - I))^T applied per block of rows, R the
+    Cayley transform (I + Q)(I - Q)^-1 of Q = B - B^T, Q scaled to the constraint's norm."""
+    blocks = _f32(read, patch.blocks, weight.device)
+    count, size, _ = blocks.shape
+    skew = blocks - blocks.transpose(1, 2)
+    if patch.constraint > 0:
+        norm = skew.norm() + 1e-8
+        if norm > patch.constraint:
+            skew = skew * (patch.constraint / norm)
+    eye = torch.eye(size, device=weight.device, dtype=torch.float32)
+    rotation = (eye + skew) @ torch.linalg.inv(eye - skew)
+    turned = torch.einsum("k n m, k n ... -> k m ...", strength * rotation - strength * eye,
+                          weight.view(count, size, *weight.shape[1:]))
+    weight.add_(turned.reshape(weight.shape), alpha=strength)

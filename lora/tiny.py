@@ -161,6 +161,21 @@ def random_lokr(config: DiTConfig, seed: int, modules: list[str], factor: int = 
     return content
 
 
+def random_oft(config: DiTConfig, seed: int, modules: list[str], block_size: int = 8,
+               constraint: float | None = None, magnitude: float = 0.05) -> LoraContent:
+    """OFT blocks [rows / block_size, block_size, block_size] on `modules` (small entries: a
+    rotation near the identity), with the constraint as the file's alpha when given."""
+    shapes = dit_shapes(config)
+    gen = torch.Generator().manual_seed(seed)
+    content = LoraContent()
+    for module in modules:
+        rows = shapes[f"{module}.weight"][0]
+        blocks = magnitude * torch.randn(rows // block_size, block_size, block_size,
+                                         generator=gen)
+        content.factored[module] = ({"oft_blocks": blocks}, constraint)
+    return content
+
+
 def add_dora(content: LoraContent, base: dict[str, torch.Tensor], seed: int,
              modules: list[str], style: str = "dora_scale", axis: str = "rows") -> LoraContent:
     """DoRA magnitudes for `modules` of `content`: the base weight's norms (per output row or,

@@ -370,3 +370,65 @@ def test_a_file_that_says_dora_without_its_magnitudes_is_refused(tmp_path):
         content.settings = {"lokr_factor": 8.0}
         with open_lora(write_lora(path, content, "kohya"), SHAPES) as lora:
             assert "lokr_factor=8" in lora.summary()
+
+
+# -- OFT ---------------------------------------------------------------------------------------
+
+def test_oft_at_strength_one_is_a_rotation_of_each_block_of_rows(files, tmp_path):
+    """Without a constraint, OFT at strength 1 turns each block of output rows by an
+    orthogonal matrix: every column's norm within every block is kept, the weight changes."""
+    from wan_enhanced.lora.patches import Orthogonal
+    from wan_enhanced.lora.tiny import random_oft
+
+    path = write_lora(tmp_path / "oft.safetensors",
+                      random_oft(CONFIG, 3, BLOCK1, block_size=16), "kohya")
+    with open_lora(path, SHAPES) as lora:
+        assert all(isinstance(p, Orthogonal) for p in lora.patches.values())
+        assert "10 OFT" in lora.summary()
+    base = load_dit(files["base"], torch.float32)[0].state_dict()
+    merged = merged_state(files["base"], [(path, 1.0)]).state_dict()
+    for module in BLOCK1:
+        key = f"{module}.weight"
+        before = base[key].view(-1, 16, base[key].shape[1]).norm(dim=1)
+        after = merged[key].view(-1, 16, base[key].shape[1]).norm(dim=1)
+        assert torch.allclose(after, before, rtol=1e-5), key
+        assert not torch.equal(merged[key], base[key])
+
+
+def test_oft_in_unmerged_mode_is_merged_in_the_chains_order(files, tmp_path):
+    from wan_enhanced.lora.tiny import random_oft
+
+    oft = write_lora(tmp_path / "oft.safetensors",
+                     random_oft(CONFIG, 4, BLOCK0[:3], block_size=16, constraint=0.5), "kohya")
+    chain = [("loha", 0.9), (oft, 0.8)]
+    handle = load_model(files["base"], "fp32", "sdpa")
+    for name, strength in chain:
+        handle = with_lora(handle, files.get(name, name), strength, "unmerged")
+    expected = merged_state(files["base"], [(files.get(n, n), s) for n, s in chain])(*inputs())
+    assert relative(forward(handle), expected) < 1e-5
+    found = wrappers(handle.model)
+    # the layers OFT turns are merged whole; the LoHa's fourth layer stays apart
+    assert set(found) == {BLOCK0[3]}
+
+
+@pytest.mark.parametrize("change, message", [
+    ("shape", r"has shape \[4, 16, 16\] but the model's blocks.0.ffn.0.weight has 512 output "
+              r"rows: OFT blocks are \[k, n, n\] with k \* n = 512"),
+    ("rescale", r"'lora_unet_blocks_0_ffn_0.rescale' is OFT's output rescaling, which ComfyUI "
+                r"leaves out when it merges OFT; refused rather than ignored"),
+    ("dora", r"'lora_unet_blocks_0_ffn_0.dora_scale' beside OFT blocks"),
+])
+def test_bad_oft_files_are_refused_by_name(tmp_path, change, message):
+    from wan_enhanced.lora.tiny import random_oft
+
+    state = lora_state(random_oft(CONFIG, 5, ["blocks.0.ffn.0"], block_size=16), "kohya")
+    if change == "shape":
+        state["lora_unet_blocks_0_ffn_0.oft_blocks"] = torch.zeros(4, 16, 16)
+    elif change == "rescale":
+        state["lora_unet_blocks_0_ffn_0.rescale"] = torch.ones(512, 1)
+    else:
+        state["lora_unet_blocks_0_ffn_0.dora_scale"] = torch.ones(512, 1)
+    path = tmp_path / "bad_oft.safetensors"
+    save_file(state, str(path))
+    with pytest.raises(LoraError, match=message):
+        open_lora(path, SHAPES)

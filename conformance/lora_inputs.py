@@ -7,7 +7,7 @@ conformance/make_peft_dora_reference.py with PEFT's.
     python -m wan_enhanced.conformance.lora_inputs tests/data/lora
 
 ComfyUI reads the kohya, Wan Fun, prefixed generic and full-difference names, LoHa, LoKr and
-kohya DoRA and OFT, but not the bare official names, diffusers' names, LyCORIS module names, PEFT's
+kohya DoRA, OFT and weight replacements, but not the bare official names, diffusers' names, LyCORIS module names, PEFT's
 lora_B bias or LightX2V's `.diff_m`: a file in one of those holds the same content as a file
 ComfyUI reads (its `twin`: the diffusers names as generic names, `lycoris_` names as
 `diffusion_model.` names, a lora_B bias as a `.diff_b`, a `blocks.N.diff_m` as
@@ -93,6 +93,11 @@ def contents(base: dict[str, torch.Tensor]):
                          random_oft(CONFIG, seed=29, modules=[m for m in block1
                                                               if ".ffn." in m],
                                     block_size=16, constraint=0.05))
+    replaced = random_lora(CONFIG, seed=30, modules=["blocks.1.self_attn.k"], rank=2)
+    gen = torch.Generator().manual_seed(31)
+    replaced.replacements = {m: 0.1 * torch.randn(dit_shapes(CONFIG)[f"{m}.weight"],
+                                                  generator=gen)
+                             for m in ("blocks.0.norm3", "blocks.1.ffn.2")}
     return {
         "kohya": (random_lora(CONFIG, seed=13, rank=4, alpha=2.0,
                               diffs=("blocks.0.norm3.weight", "blocks.1.cross_attn.o.bias")),
@@ -113,6 +118,7 @@ def contents(base: dict[str, torch.Tensor]):
         "peft_bias_twin": (peft_bias_twin, "generic", None),
         "peft_dora": (peft_dora, "diffusers", None),
         "oft": (oft, "kohya", None),
+        "set": (replaced, "generic", None),
     }
 
 
@@ -137,6 +143,7 @@ CASES = {
     "oft": [("oft", 1.0)],
     "oft_strength": [("oft", 0.7)],
     "stack_oft": [("kohya", 0.5), ("oft", 0.8), ("lokr", 1.0)],
+    "set": [("kohya", 0.6), ("set", 0.5)],
 }
 # the same chains on the base's weights in bf16 (ComfyUI computes on them in float32)
 BF16_CASES = ("lightx2v", "loha", "lokr", "dora_strength", "stack_lycoris", "oft_strength")

@@ -12,7 +12,7 @@ from ..checkpoints.reader import CheckpointError, TensorSource
 from .formats import LoraKey
 from .keymap import ModelNames
 from .patches import (Additive, Decomposed, Difference, Hadamard, Kronecker, LowRank,
-                      Orthogonal, Patch)
+                      Orthogonal, Patch, Replacement)
 
 
 class LoraError(CheckpointError):
@@ -34,7 +34,8 @@ def module_patches(source: TensorSource, names: ModelNames, shapes: Mapping[str,
     weight_kinds = [kind for kind, found in (
         ("a low-rank pair", _PAIR & set(roles)), ("LoHa factors", _LOHA & set(roles)),
         ("LoKr factors", _LOKR & set(roles)), ("OFT blocks", {"oft_blocks"} & set(roles)),
-        ("a full difference", {"diff"} & set(roles)))
+        ("a full difference", {"diff"} & set(roles)),
+        ("a weight replacement", {"set_weight"} & set(roles)))
         if found]
     if len(weight_kinds) > 1:
         shown = ", ".join(repr(k.key) for k in roles.values())
@@ -42,7 +43,7 @@ def module_patches(source: TensorSource, names: ModelNames, shapes: Mapping[str,
                         f"{weight_kinds[1]} ({shown}); which one applies is ambiguous")
     extras = {"alpha": "an alpha", "up_bias": "a lora_B bias", "dora_scale": "a DoRA scale",
               "magnitude": "a DoRA magnitude"}
-    if not weight_kinds or weight_kinds == ["a full difference"]:
+    if not weight_kinds or weight_kinds in (["a full difference"], ["a weight replacement"]):
         for role, what in extras.items():
             if role in roles:
                 raise LoraError(f"{path}: {roles[role].key!r} is {what} without the low-rank "
@@ -80,6 +81,10 @@ def module_patches(source: TensorSource, names: ModelNames, shapes: Mapping[str,
     if "diff" in roles:
         diff = names.target(ours, "diff")
         yield diff, _difference(source, shapes, diff, roles["diff"].key)
+    if "set_weight" in roles:
+        weight = names.target(ours, "diff")
+        key = roles["set_weight"].key
+        yield weight, Replacement(_difference(source, shapes, weight, key).key)
     if "diff_b" in roles:
         bias = names.target(ours, "diff_b")
         yield bias, _difference(source, shapes, bias, roles["diff_b"].key)

@@ -26,6 +26,7 @@ ROLES = {
     ".alpha": "alpha",
     ".diff": "diff", ".w_norm": "diff",  # a full weight difference (LyCORIS norms: w_norm)
     ".diff_b": "diff_b", ".b_norm": "diff_b",
+    ".set_weight": "set_weight",  # the weight replaced (ComfyUI's "set" patch)
     ".hada_w1_a": "hada_w1_a", ".hada_w1_b": "hada_w1_b", ".hada_w2_a": "hada_w2_a",
     ".hada_w2_b": "hada_w2_b", ".hada_t1": "hada_t1", ".hada_t2": "hada_t2",
     ".lokr_w1": "lokr_w1", ".lokr_w1_a": "lokr_w1_a", ".lokr_w1_b": "lokr_w1_b",
@@ -55,13 +56,13 @@ FORMATS_READ = ("low-rank pairs under kohya/musubi (lora_unet_...), LyCORIS (lyc
                 "lora_A/lora_B, optional alpha, PEFT lora_B.bias); full differences (.diff, "
                 ".diff_b, LightX2V's .diff_m, LyCORIS .w_norm/.b_norm); LyCORIS LoHa "
                 "(hada_*), LoKr (lokr_*) and OFT (oft_blocks); DoRA (dora_scale, PEFT "
-                "lora_magnitude_vector)")
+                "lora_magnitude_vector); weight replacements (.set_weight)")
 
 # Endings of formats we know of but do not read, to say which one a refused file is.
 _KNOWN_OTHERS = {
     "oft_diag": "LyCORIS OFT in its first layout (oft_diag)", "oft_R": "BOFT", "a1.weight": "GLoRA", "a2.weight": "GLoRA", "b1.weight": "GLoRA",
     "b2.weight": "GLoRA", "lora_mid.weight": "LoCon with a Tucker middle factor",
-    "set_weight": "a weight replacement", "reshape_weight": "a reshaping patch",
+    "reshape_weight": "a reshaping patch (it changes the model's shapes)",
 }
 
 

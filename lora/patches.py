@@ -15,6 +15,7 @@ header gave. The arithmetic is ComfyUI's weight adapters' (comfy/weight_adapter/
   Decomposed  DoRA: not a sum; it rescales the weight its inner patch has changed (apply_dora_)
   Orthogonal  OFT: not a sum; the weight's output rows, in blocks, turned by the Cayley
               transform R of the skew-symmetric part of each block (apply_oft_)
+  Replacement the weight set to the tensor, the strength not applying (ComfyUI's "set")
 
 Every delta except DoRA's and OFT's is added as weight += strength * delta; DoRA at strength s
 moves the weight s of the way to its result: W + s * (W_dora - W); OFT at strength s adds
@@ -98,6 +99,16 @@ class Decomposed:
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """The weight replaced by the tensor, whatever the strength (ComfyUI's "set" patch)."""
+    key: str
+
+    @property
+    def scale(self) -> float:
+        return 1.0
+
+
+@dataclass(frozen=True)
 class Orthogonal:
     """OFT: `blocks` [k, n, n], one n x n matrix per block of n output rows (k * n rows);
     `constraint` (the file's alpha, 0 without one): the skew-symmetric part is scaled down to
@@ -110,9 +121,9 @@ class Orthogonal:
         return 1.0
 
 
-Patch = LowRank | Difference | Hadamard | Kronecker | Decomposed | Orthogonal
+Patch = LowRank | Difference | Hadamard | Kronecker | Decomposed | Orthogonal | Replacement
 # patches that change a weight by a function of it rather than by a term added to it
-NOT_ADDITIVE = (Decomposed, Orthogonal)
+NOT_ADDITIVE = (Decomposed, Orthogonal, Replacement)
 
 
 def _f32(read: Read, key: str, device) -> torch.Tensor:
@@ -168,6 +179,8 @@ def add_(weight: torch.Tensor, patch: Patch, read: Read, strength: float) -> Non
         apply_dora_(weight, patch, read, strength)
     elif isinstance(patch, Orthogonal):
         apply_oft_(weight, patch, read, strength)
+    elif isinstance(patch, Replacement):
+        weight.copy_(read(patch.key).to(**where).reshape(weight.shape))
     elif isinstance(patch, LowRank):
         up = read(patch.up).to(**where).flatten(1)
         down = read(patch.down).to(**where).flatten(1)

@@ -41,7 +41,8 @@ class LoraContent:
     diffs: our parameter name -> its difference (a weight, plain parameter or bias);
     factored: our module name -> ({LoHa/LoKr key ending: tensor}, alpha or None);
     dora: our module name -> (magnitude, "dora_scale" | "lora_magnitude_vector");
-    up_bias: our module name -> PEFT's lora_B bias; settings: file-level key -> number."""
+    up_bias: our module name -> PEFT's lora_B bias; settings: file-level key -> number;
+    replacements: our module name -> the weight that replaces its own (`.set_weight`)."""
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor, float | None]] = field(default_factory=dict)
     diffs: dict[str, torch.Tensor] = field(default_factory=dict)
     factored: dict[str, tuple[dict[str, torch.Tensor], float | None]] = field(
@@ -49,6 +50,7 @@ class LoraContent:
     dora: dict[str, tuple[torch.Tensor, str]] = field(default_factory=dict)
     up_bias: dict[str, torch.Tensor] = field(default_factory=dict)
     settings: dict[str, float] = field(default_factory=dict)
+    replacements: dict[str, torch.Tensor] = field(default_factory=dict)  # module -> new weight
 
 
 def block_modules(config: DiTConfig, blocks=None) -> list[str]:
@@ -228,6 +230,8 @@ def lora_state(content: LoraContent, fmt: str,
             continue
         name = prefix + _module_name(module if leaf else key, fmt, parameter=not leaf)
         state[name + (".diff_b" if leaf == "bias" else ".diff")] = diff.to(dtype).contiguous()
+    for module, weight in content.replacements.items():
+        state[f"{prefix}{_module_name(module, fmt)}.set_weight"] = weight.to(dtype).contiguous()
     for key, value in content.settings.items():
         state[key] = torch.tensor(float(value))
     return state
@@ -248,7 +252,8 @@ def merged_content(*contents: LoraContent) -> LoraContent:
     """One content holding every part of `contents` (modules must not repeat)."""
     out = LoraContent()
     for content in contents:
-        for part in ("pairs", "diffs", "factored", "dora", "up_bias", "settings"):
+        for part in ("pairs", "diffs", "factored", "dora", "up_bias", "settings",
+                     "replacements"):
             mine, theirs = getattr(out, part), getattr(content, part)
             overlap = set(mine) & set(theirs)
             if overlap:

@@ -84,7 +84,7 @@ def test_ranks_per_layer_and_partial_coverage(tmp_path):
     ("lora_unet_blocks_0_ffn_0.oft_diag", "LyCORIS OFT in its first layout"),
     ("diffusion_model.blocks.0.ffn.0.a1.weight", "GLoRA"),
     ("diffusion_model.blocks.0.ffn.0.lora_mid.weight", "Tucker"),
-    ("diffusion_model.blocks.0.ffn.0.set_weight", "a weight replacement"),
+    ("diffusion_model.blocks.0.ffn.0.reshape_weight", "a reshaping patch"),
 ])
 def test_other_formats_are_refused_naming_the_first_key_of_a_known_format(tmp_path, key, named):
     """The refusal is decided over all the keys: an unknown key sorting first does not decide

@@ -432,3 +432,19 @@ def test_bad_oft_files_are_refused_by_name(tmp_path, change, message):
     save_file(state, str(path))
     with pytest.raises(LoraError, match=message):
         open_lora(path, SHAPES)
+
+
+def test_a_weight_replacement_sets_the_weight_whatever_the_strength(files, tmp_path):
+    content = random_lora(CONFIG, 6, ["blocks.0.ffn.2"], rank=2)
+    new = torch.randn(SHAPES["blocks.1.ffn.0.weight"], generator=torch.Generator().manual_seed(7))
+    content.replacements = {"blocks.1.ffn.0": new}
+    path = write_lora(tmp_path / "set.safetensors", content, "generic")
+    with open_lora(path, SHAPES) as lora:
+        assert "1 weight replacements (the strength does not apply)" in lora.summary()
+    for strength in (1.0, 0.3):
+        merged = merged_state(files["base"], [(path, strength)]).state_dict()
+        assert torch.equal(merged["blocks.1.ffn.0.weight"], new)
+    handle = with_lora(load_model(files["base"], "fp32", "sdpa"), path, 0.3, "unmerged")
+    forward(handle)
+    assert torch.equal(handle.model.blocks[1].ffn[0].weight, new)  # merged, not a term
+    assert set(wrappers(handle.model)) == {"blocks.0.ffn.2"}

@@ -83,10 +83,7 @@ def ensure_model_set(root: str | Path, name: str, log=print,
     if isinstance(MODEL_SETS[name], ComfySet):
         return _ensure_comfy_set(Path(root), MODEL_SETS[name], log, tiny)
     from ..wan.dit import WanDiT
-    from ..wan.t5 import UMT5Encoder
     from ..wan.tiny_tokenizer import write_tokenizer_folder
-    from ..wan.vae21 import WanVAE21
-    from ..wan.vae22 import WanVAE22
 
     model_set = MODEL_SETS[name]
     root = Path(root)
@@ -104,23 +101,9 @@ def ensure_model_set(root: str | Path, name: str, log=print,
                   dtype=torch.bfloat16)
         gc.collect()
 
-    vae_path = root / "vae" / model_set.vae_file
-    if not vae_path.is_file():
-        log(f"writing a random {model_set.vae_kind} VAE to {vae_path}")
-        with torch.device("meta"):
-            widths = TINY_VAE[model_set.vae_kind] if tiny else {}
-            module = (WanVAE22 if model_set.vae_kind == "vae22" else WanVAE21)(**widths)
-        write_vae(vae_path, model_set.vae_kind, "official", state=randomize(module, 2, draw))
-        gc.collect()
-
+    _ensure_vae(root / "vae" / model_set.vae_file, model_set.vae_kind, draw, log, tiny)
     te_path = root / "text_encoders" / model_set.text_encoder_file
-    if not te_path.is_file():
-        log(f"writing a random umT5-xxl encoder to {te_path}")
-        with torch.device("meta"):
-            module = UMT5Encoder.from_config(TINY_T5 if tiny else KNOWN_T5["umt5-xxl"])
-        write_text_encoder(te_path, "official", dtype=torch.bfloat16,
-                           state=randomize(module, 3, draw, torch.bfloat16))
-        gc.collect()
+    _ensure_text_encoder(te_path, "official", draw, log, tiny)
     tokenizer_dir = te_path.parent / "google" / "umt5-xxl"
     if not (tokenizer_dir / "tokenizer.json").is_file():  # written last
         write_tokenizer_folder(tokenizer_dir)
@@ -135,10 +118,6 @@ def _ensure_comfy_set(root: Path, model_set: ComfySet, log, tiny: bool) -> Comfy
     from ..checkpoints.tiny import fp8_scaled
     from ..lora.tiny import lightx2v_lora, write_lora
     from ..wan.dit import WanDiT
-    from ..wan.t5 import UMT5Encoder
-    from ..wan.tiny_tokenizer import build_spiece_model
-    from ..wan.vae21 import WanVAE21
-    from ..wan.vae22 import WanVAE22
 
     draw = _draw_device()
     for seed, (file, known, storage) in enumerate(model_set.dits, 1):
@@ -171,22 +150,39 @@ def _ensure_comfy_set(root: Path, model_set: ComfySet, log, tiny: bool) -> Comfy
             path.parent.mkdir(parents=True, exist_ok=True)
             write_lora(path, lightx2v_lora(config, seed, rank=4 if tiny else LORA_RANK),
                        "lightx2v", dtype=torch.bfloat16)
-    vae_path = root / "vae" / model_set.vae_file
-    if not vae_path.is_file():
-        log(f"writing a random {model_set.vae_kind} VAE to {vae_path}")
-        with torch.device("meta"):
-            widths = TINY_VAE[model_set.vae_kind] if tiny else {}
-            module = (WanVAE22 if model_set.vae_kind == "vae22" else WanVAE21)(**widths)
-        vae_path.parent.mkdir(parents=True, exist_ok=True)
-        write_vae(vae_path, model_set.vae_kind, "official", state=randomize(module, 2, draw))
-    te_path = root / "text_encoders" / model_set.text_encoder_file
-    if not te_path.is_file():
-        log(f"writing a random umT5-xxl encoder (HF names, tokenizer embedded) to {te_path}")
-        with torch.device("meta"):
-            module = UMT5Encoder.from_config(TINY_T5 if tiny else KNOWN_T5["umt5-xxl"])
-        te_path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_encoder(te_path, "hf", dtype=torch.bfloat16,
-                           state=randomize(module, 3, draw, torch.bfloat16),
-                           spiece_model=build_spiece_model())
-        gc.collect()
+    _ensure_vae(root / "vae" / model_set.vae_file, model_set.vae_kind, draw, log, tiny)
+    _ensure_text_encoder(root / "text_encoders" / model_set.text_encoder_file, "hf", draw, log,
+                         tiny)
     return model_set
+
+
+def _ensure_vae(path: Path, kind: str, draw: str, log, tiny: bool) -> None:
+    from ..wan.vae21 import WanVAE21
+    from ..wan.vae22 import WanVAE22
+
+    if path.is_file():
+        return
+    log(f"writing a random {kind} VAE to {path}")
+    with torch.device("meta"):
+        module = (WanVAE22 if kind == "vae22" else WanVAE21)(**(TINY_VAE[kind] if tiny else {}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_vae(path, kind, "official", state=randomize(module, 2, draw))
+    gc.collect()
+
+
+def _ensure_text_encoder(path: Path, layout: str, draw: str, log, tiny: bool) -> None:
+    """umT5-xxl in the official layout (its tokenizer folder beside it, written by the caller)
+    or in HF names with the tokenizer embedded, as ComfyUI's files hold it."""
+    from ..wan.t5 import UMT5Encoder
+    from ..wan.tiny_tokenizer import build_spiece_model
+
+    if path.is_file():
+        return
+    log(f"writing a random umT5-xxl encoder ({layout} layout) to {path}")
+    with torch.device("meta"):
+        module = UMT5Encoder.from_config(TINY_T5 if tiny else KNOWN_T5["umt5-xxl"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_encoder(path, layout, dtype=torch.bfloat16,
+                       state=randomize(module, 3, draw, torch.bfloat16),
+                       spiece_model=build_spiece_model() if layout == "hf" else None)
+    gc.collect()

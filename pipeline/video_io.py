@@ -171,7 +171,17 @@ def default_h264_encoder() -> str:
 # -- frames ------------------------------------------------------------------------------------
 
 def _uint8_frames(frames) -> Iterator[np.ndarray]:
-    """RGB uint8 frames [H,W,3] of one size, with even sides, one at a time."""
+    """RGB uint8 frames [H,W,3] of one size, with even sides, one at a time.
+
+    A frame yielded may be overwritten once the next one is asked for (the consumer copies it
+    into the encoder's frame first). Frames of a tensor are converted one ahead, in a worker
+    thread, into buffers used in turn: the conversion runs while the encoder works, and no
+    frame allocates memory of its own (a fresh 10 MB float copy a frame was most of a 720p
+    video's writing time where page faults are dear)."""
+    if isinstance(frames, torch.Tensor) and frames.ndim == 4 and frames.shape[-1] == 3 \
+            and frames.shape[0] > 0:
+        yield from _converted_ahead(frames)
+        return
     if isinstance(frames, (torch.Tensor, np.ndarray)):
         if frames.ndim != 4:
             raise ValueError(f"expected frames [F,H,W,3], got shape {tuple(frames.shape)}")
@@ -186,6 +196,43 @@ def _uint8_frames(frames) -> Iterator[np.ndarray]:
             raise ValueError(f"frame {index} is {rgb.shape[1]}x{rgb.shape[0]}, "
                              f"the first was {first_size[1]}x{first_size[0]}")
         yield _pad_to_even(rgb)
+
+
+class _FrameConverter:
+    """A tensor's frames to uint8, the same operations as _to_uint8 written into two buffer
+    pairs used in turn (frame k's pair is reused for frame k + 2)."""
+
+    def __init__(self, frames: torch.Tensor):
+        self.frames = frames.detach()
+        shape = tuple(self.frames.shape[1:])
+        self.work = [torch.empty(shape, dtype=torch.float32) for _ in range(2)]
+        self.out = [torch.empty(shape, dtype=torch.uint8) for _ in range(2)]
+
+    def __call__(self, index: int) -> np.ndarray:
+        frame = self.frames[index].cpu()
+        if frame.dtype == torch.uint8:
+            return _pad_to_even(frame.numpy())
+        work, out = self.work[index % 2], self.out[index % 2]
+        if frame.dtype == torch.float32:
+            torch.nan_to_num(frame, 0.0, out=work)
+        else:
+            work.copy_(frame).nan_to_num_(0.0)
+        work.clamp_(0, 1).mul_(255).round_()
+        out.copy_(work)  # the cast of .to(torch.uint8)
+        return _pad_to_even(out.numpy())
+
+
+def _converted_ahead(frames: torch.Tensor) -> Iterator[np.ndarray]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    convert = _FrameConverter(frames)
+    with ThreadPoolExecutor(1, thread_name_prefix="wan-video-frames") as pool:
+        pending = pool.submit(convert, 0)
+        for index in range(1, frames.shape[0] + 1):
+            rgb = pending.result()
+            # frame index + 1 goes into the other buffers while this one is encoded
+            pending = pool.submit(convert, index) if index < frames.shape[0] else None
+            yield rgb
 
 
 def _to_uint8(frame) -> np.ndarray:

@@ -208,3 +208,19 @@ def test_bad_input_is_refused_and_leaves_nothing(tmp_path, frames, options, mess
 def test_read_mp4_returns_numpy_compatible_frames(tmp_path):
     decoded, _ = read_mp4(save_mp4(np.zeros((2, 8, 8, 3), np.uint8), tmp_path / "black.mp4"))
     assert decoded.numpy().max() <= 20  # black stays black (limited-range decoding is right)
+
+
+def test_a_tensors_frames_converted_ahead_give_the_same_file_as_one_by_one(tmp_path):
+    """The IMAGE tensor path (frames converted one ahead in a worker thread into reused
+    buffers) writes the very file the frame-by-frame path writes: NaN, values out of 0..1, odd
+    sizes and half-precision frames included."""
+    gen = torch.Generator().manual_seed(5)
+    frames = torch.rand(6, 35, 49, 3, generator=gen) * 1.2 - 0.1
+    frames[1, 2, 3, 0] = float("nan")
+    frames[2, 4, 5, 1] = float("inf")
+    for name, video in (("float32", frames), ("bf16", frames.to(torch.bfloat16))):
+        whole = save_mp4(video, tmp_path / f"{name}_whole.mp4", fps=8)
+        one_by_one = save_mp4(list(video), tmp_path / f"{name}_frames.mp4", fps=8)
+        assert whole.read_bytes() == one_by_one.read_bytes(), name
+    decoded, _ = read_mp4(tmp_path / "float32_whole.mp4")
+    assert decoded.shape == (6, 36, 50, 3)

@@ -209,6 +209,12 @@ class _FrameConverter:
         self.out = [torch.empty(shape, dtype=torch.uint8) for _ in range(2)]
 
     def __call__(self, index: int) -> np.ndarray:
+        # inference mode is per thread: the worker takes it so that it may write into buffers
+        # (and read frames) made under the caller's
+        with torch.inference_mode():
+            return self._convert(index)
+
+    def _convert(self, index: int) -> np.ndarray:
         frame = self.frames[index].cpu()
         if frame.dtype == torch.uint8:
             return _pad_to_even(frame.numpy())

@@ -224,3 +224,14 @@ def test_a_tensors_frames_converted_ahead_give_the_same_file_as_one_by_one(tmp_p
         assert whole.read_bytes() == one_by_one.read_bytes(), name
     decoded, _ = read_mp4(tmp_path / "float32_whole.mp4")
     assert decoded.shape == (6, 36, 50, 3)
+
+
+def test_frames_made_under_inference_mode_are_written(tmp_path):
+    """Nodes run under torch.inference_mode: the worker thread converting the frames must be
+    able to read them and fill its buffers (inference mode is per thread)."""
+    with torch.inference_mode():
+        frames = torch.rand(4, 16, 16, 3)
+        path = save_mp4(frames, tmp_path / "inference.mp4", fps=8)
+    with torch.inference_mode():
+        again = save_mp4(list(frames), tmp_path / "frames.mp4", fps=8)
+    assert path.read_bytes() == again.read_bytes()

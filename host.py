@@ -36,6 +36,31 @@ def in_comfyui() -> bool:
     return _comfy("folder_paths") is not None and _comfy("comfy.model_management") is not None
 
 
+# -- ComfyUI's own models ----------------------------------------------------------------------
+
+def native_wan_problem(model) -> str | None:
+    """None when `model` (a ComfyUI MODEL, a ModelPatcher) holds one of ComfyUI's own Wan
+    models (comfy.ldm.wan), else what it holds, in words."""
+    inner = getattr(getattr(model, "model", None), "diffusion_model", None)
+    if inner is None:
+        return f"a {type(model).__name__}, not a ComfyUI MODEL"
+    module = type(inner).__module__
+    if module.startswith("comfy.ldm.wan."):
+        return None
+    return f"a {type(inner).__name__} ({module})"
+
+
+def with_attention_override(model, make_override: Callable) -> object:
+    """A clone of the ModelPatcher `model` whose model sends every attention call to
+    make_override(the override installed before, or None) (ComfyUI's
+    transformer_options["optimized_attention_override"]); `model` itself is left as it was."""
+    patched = model.clone()
+    options = patched.model_options.setdefault("transformer_options", {})
+    options["optimized_attention_override"] = make_override(
+        options.get("optimized_attention_override"))
+    return patched
+
+
 # -- devices and memory ------------------------------------------------------------------------
 
 def compute_device() -> torch.device:

@@ -1,5 +1,6 @@
 """The node classes and their registration names. A node id never changes once released."""
 
+from .attention import WanAttentionPatch
 from .decode import WanTiledDecode
 from .latent import WanEmptyLatent, WanImageToVideoLatent
 from .loaders import WanCLIPVisionLoader, WanModelLoader, WanTextEncoderLoader, WanVAELoader
@@ -24,6 +25,7 @@ _NODES = {
     "WanEnhancedMemoryProbe": WanMemoryProbe,
     "WanEnhancedSaveVideo": WanSaveVideo,
     "WanEnhancedLoRALoader": WanLoRALoader,
+    "WanEnhancedAttentionPatch": WanAttentionPatch,
 }
 
 NODE_CLASS_MAPPINGS = dict(_NODES)

@@ -1,0 +1,115 @@
+"""ComfyUI's own Wan models with our attention kernels.
+
+ComfyUI's Wan models (comfy.ldm.wan: the text-, image- and first-last-frame-to-video models,
+VACE, S2V, Animate's video model) send every attention call through one function, and a model
+option, transformer_options["optimized_attention_override"], may take each call:
+
+    override(func, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
+             skip_output_reshape=False, **kwargs)
+
+with func ComfyUI's own attention function and q, k, v [B, L, heads * head_dim] (or [B, heads,
+L, head_dim] with skip_reshape). NativeAttention is such an override: it gives a call to our
+kernel when the kernel takes it exactly as it comes (no mask, 16-bit inputs on a GPU where the
+kernel runs, head size 128, a long key sequence), and every other call to ComfyUI's function
+(or to an override already installed) unchanged. Each reason for handing a call back is logged
+once and counted. It touches only the activations a call hands it, so ComfyUI's offloading,
+LoRAs, caches and compile nodes keep working around it.
+
+Modes: "fp8" our fp8 attention kernel; "bf16" our exact Hopper kernel; "auto" the fp8 kernel
+where it runs, else the exact one, else ComfyUI's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Callable
+
+import torch
+
+
+MODES = ("auto", "fp8", "bf16")
+HEAD_DIM = 128
+_LOG = logging.getLogger("wan_enhanced")
+
+
+class NativeAttention:
+    """An optimized_attention_override for ComfyUI's Wan models (see the module docstring)."""
+
+    def __init__(self, mode: str = "auto", inner: Callable | None = None):
+        if mode not in MODES:
+            raise ValueError(f"mode: {mode!r} is not one of {list(MODES)}")
+        self.mode = mode
+        self.inner = inner  # an override installed before ours: the calls we hand back go there
+        self.ours = Counter()  # kernel name -> calls it took
+        self.handed_back = Counter()  # reason -> calls given to ComfyUI's function
+
+    def __call__(self, func, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
+                 skip_output_reshape=False, **kwargs):
+        kernel, reason = self.kernel_for(q, k, v, heads, mask, skip_reshape)
+        if kernel is None:
+            self._hand_back(reason)
+            options = dict(mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
+                           skip_output_reshape=skip_output_reshape, **kwargs)
+            if self.inner is not None:
+                return self.inner(func, q, k, v, heads, **options)
+            return func(q, k, v, heads, **options)
+        name, attend = kernel
+        self.ours[name] += 1
+        q4, k4, v4 = (_heads_last(t, heads, skip_reshape) for t in (q, k, v))
+        out = attend(q4, k4, v4)  # [B, Lq, heads, head_dim]
+        if skip_output_reshape:
+            return out.transpose(1, 2)
+        return out.reshape(out.shape[0], out.shape[1], -1)
+
+    def kernel_for(self, q, k, v, heads, mask, skip_reshape):
+        """((name, kernel), None) for a call our kernel takes, else (None, the reason)."""
+        if mask is not None:
+            return None, "a mask"
+        if not (q.dim() == k.dim() == v.dim() == (4 if skip_reshape else 3)):
+            return None, f"inputs of {q.dim()} dimensions"
+        head_dim = q.shape[-1] if skip_reshape else q.shape[-1] // heads
+        keys = k.shape[2] if skip_reshape else k.shape[1]
+        if head_dim != HEAD_DIM or (not skip_reshape and q.shape[-1] != heads * head_dim):
+            return None, f"head size {head_dim} (our kernels take {HEAD_DIM})"
+        if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+            return None, "keys and values shaped unlike the queries"
+        if q.dtype not in (torch.bfloat16, torch.float16) or not q.dtype == k.dtype == v.dtype:
+            return None, f"{q.dtype} inputs (our kernels take bf16 or fp16)"
+        # (imported here: the kernels' modules import quant, whose block_linears imports
+        # wan.dit, which imports wan.attention; from a module imported first, that loop breaks)
+        from ..wan import attention as backends
+
+        fp8_min_keys = backends.fp8.MIN_KEYS  # shorter key sequences (text): ComfyUI's
+        exact_min_keys = backends.bf16_attention.MIN_KEYS
+        device = q.device
+        if self.mode in ("auto", "fp8"):
+            reason = backends.fp8_attention_unavailable(device, head_dim)
+            if reason is None and keys >= fp8_min_keys:
+                return ("fp8", backends.fp8_attention), None
+            if self.mode == "fp8":
+                return None, (f"our fp8 kernel cannot run here: {reason}" if reason
+                              else f"short key sequences (under {fp8_min_keys}: text)")
+        reason = backends.bf16_hopper_unavailable(device, head_dim, q.dtype)
+        if reason is None and keys >= exact_min_keys:
+            return ("bf16", backends.bf16_hopper_attention), None
+        return None, (f"our kernels cannot run here: {reason}" if reason
+                      else f"short key sequences (under {exact_min_keys}: text)")
+
+    def _hand_back(self, reason: str) -> None:
+        if reason not in self.handed_back:
+            _LOG.info("Wan Enhanced Attention (%s): ComfyUI's attention takes the calls with %s",
+                      self.mode, reason)
+        self.handed_back[reason] += 1
+
+    def __deepcopy__(self, memo):
+        # ComfyUI deep-copies a patched model's options for every clone: the clones share one
+        # override (and its counts), as they share the model
+        return self
+
+
+def _heads_last(tensor: torch.Tensor, heads: int, skip_reshape: bool) -> torch.Tensor:
+    """[B, L, heads * d] (or [B, heads, L, d]) as [B, L, heads, d]."""
+    if skip_reshape:
+        return tensor.transpose(1, 2)
+    return tensor.view(tensor.shape[0], tensor.shape[1], heads, -1)

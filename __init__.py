@@ -4,6 +4,11 @@ ComfyUI loads this folder from custom_nodes/ and reads the two mappings below. I
 needs ComfyUI or a GPU and does no heavy work: models load when a loader node runs.
 """
 
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+# ComfyUI and pip import this folder as a package. pytest, run from a clone whose folder name is
+# no Python name (`comfyui-wan-enhanced`, what `git clone` gives), imports this file alone as a
+# module of no package, for the package-level fixtures it looks for: then there are no node
+# mappings to give (the tests import the installed `wan_enhanced`).
+if __package__:
+    from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+    __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -34,6 +34,12 @@ class NodeRunError(RuntimeError):
     failed), reported with the node's display name."""
 
 
+# ComfyUI names a failed node's exception by its class's module, which for a custom node it
+# loaded is the folder's path on the server: the package's name instead
+for _error in (NodeInputError, NodeRunError):
+    _error.__module__ = "wan_enhanced.nodes.common"
+
+
 @contextlib.contextmanager
 def node_errors(node: str):
     """Re-raise input and checkpoint errors with the node's name in front: the message then says

@@ -74,27 +74,30 @@ class NativeAttention:
             return None, f"head size {head_dim} (our kernels take {HEAD_DIM})"
         if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
             return None, "keys and values shaped unlike the queries"
-        if q.dtype not in (torch.bfloat16, torch.float16) or not q.dtype == k.dtype == v.dtype:
-            return None, f"{q.dtype} inputs (our kernels take bf16 or fp16)"
         # (imported here: the kernels' modules import quant, whose block_linears imports
         # wan.dit, which imports wan.attention; from a module imported first, that loop breaks)
         from ..wan import attention as backends
 
-        fp8_min_keys = backends.fp8.MIN_KEYS  # shorter key sequences (text): ComfyUI's
-        exact_min_keys = backends.bf16_attention.MIN_KEYS
         device = q.device
+        candidates = []  # (name, kernel, fewest keys it takes, why it cannot run here)
         if self.mode in ("auto", "fp8"):
-            reason = backends.fp8_attention_unavailable(device, head_dim)
-            if reason is None and keys >= fp8_min_keys:
-                return ("fp8", backends.fp8_attention), None
-            if self.mode == "fp8":
-                return None, (f"our fp8 kernel cannot run here: {reason}" if reason
-                              else f"short key sequences (under {fp8_min_keys}: text)")
-        reason = backends.bf16_hopper_unavailable(device, head_dim, q.dtype)
-        if reason is None and keys >= exact_min_keys:
-            return ("bf16", backends.bf16_hopper_attention), None
-        return None, (f"our kernels cannot run here: {reason}" if reason
-                      else f"short key sequences (under {exact_min_keys}: text)")
+            candidates.append(("fp8", backends.fp8_attention, backends.fp8.MIN_KEYS,
+                               backends.fp8_attention_unavailable(device, head_dim)))
+        if self.mode in ("auto", "bf16"):
+            candidates.append(("bf16", backends.bf16_hopper_attention,
+                               backends.bf16_attention.MIN_KEYS,
+                               backends.bf16_hopper_unavailable(device, head_dim)))
+        runnable = [c for c in candidates if c[3] is None]
+        if not runnable:
+            which = "our fp8 kernel" if self.mode == "fp8" else "our kernels"
+            return None, f"{which} cannot run here: {candidates[-1][3]}"
+        if q.dtype not in (torch.bfloat16, torch.float16) or not q.dtype == k.dtype == v.dtype:
+            return None, f"{q.dtype} inputs (our kernels take bf16 or fp16)"
+        for name, kernel, min_keys, _ in runnable:
+            if keys >= min_keys:
+                return (name, kernel), None
+        fewest = min(c[2] for c in runnable)
+        return None, f"short key sequences (under {fewest}: text)"
 
     def _hand_back(self, reason: str) -> None:
         if reason not in self.handed_back:

@@ -52,10 +52,11 @@ UMT5 = T5Config(vocab_size=256, dim=4096, dim_attn=64, dim_ffn=64, num_heads=1, 
                 num_buckets=32)
 STEPS = 2
 HAND_BACK = "Wan Enhanced Attention (auto): ComfyUI's attention takes the calls with "
-# the reasons pipeline/native_attention.py gives on a CPU, by compute dtype
-REASONS = {"fp32": "torch.float32 inputs (our kernels take bf16 or fp16)",
-           "bf16": "our kernels cannot run here: it needs an NVIDIA Hopper GPU (compute "
-                   "capability 9.0); this runs on cpu"}
+# the reason pipeline/native_attention.py gives on a CPU, whatever the compute dtype (where the
+# kernels can run is asked before what they take)
+ON_A_CPU = ("our kernels cannot run here: it needs an NVIDIA Hopper GPU (compute capability "
+            "9.0); this runs on cpu")
+REASONS = {"fp32": ON_A_CPU, "bf16": ON_A_CPU}
 
 PROBE = r'''
 """Test probe (tests/test_comfyui_host_native_attention.py): each attention call of ComfyUI's

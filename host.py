@@ -185,13 +185,13 @@ class Progress:
 
 # -- output files ------------------------------------------------------------------------------
 
-OutputListener = Callable[[str, Path], None]
+OutputListener = Callable[[str, Path, "str | None"], None]
 _output_listeners: list[OutputListener] = []
 
 
 def add_output_listener(listener: OutputListener) -> None:
-    """listener(node_id, path) just before a node writes an output file (the sweep runner's
-    bookkeeping)."""
+    """listener(node_id, path, token) just before a node writes an output file (the sweep
+    runner's bookkeeping); token: what the file will carry to show who wrote it, or None."""
     _output_listeners.append(listener)
 
 
@@ -200,9 +200,9 @@ def remove_output_listener(listener: OutputListener) -> None:
         _output_listeners.remove(listener)
 
 
-def announce_output(node_id, path: Path) -> None:
+def announce_output(node_id, path: Path, token: str | None = None) -> None:
     for listener in list(_output_listeners):
-        listener(str(node_id or ""), Path(path))
+        listener(str(node_id or ""), Path(path), token)
 
 
 # -- files -------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import host
-from ..pipeline.video_io import next_output_path, save_mp4
+from ..pipeline.video_io import claim_output_path, save_mp4
 from .checks import constant_problems, output_file_problem, verdict
 from .common import CATEGORY, memory_event, node_errors
 
@@ -35,9 +35,14 @@ class WanSaveVideo:
     def save(self, images, filename_prefix, fps, crf, unique_id=None):
         root = host.output_directory()
         with node_errors(self.DISPLAY):
-            path = next_output_path(root, filename_prefix)
-            host.announce_output(unique_id, path)  # recorded before it exists (sweeps)
-            save_mp4(images, path, fps=fps, crf=crf)
+            claimed = claim_output_path(root, filename_prefix)  # no other writer takes it
+            try:
+                path = claimed.path
+                # recorded before it exists (sweeps), with the token the file will carry
+                host.announce_output(unique_id, path, claimed.token)
+                save_mp4(images, path, fps=fps, crf=crf, tag=claimed.token, replace=False)
+            finally:
+                claimed.release()
         memory_event(f"saved {path.name}", "save", unique_id)
         relative = path.relative_to(root)
         entry = {"filename": relative.name, "subfolder": relative.parent.as_posix()

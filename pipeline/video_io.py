@@ -5,7 +5,10 @@ and larger; 17-19 looks lossless to most eyes, 23 is x264's default, +6 roughly 
 0 is mathematically lossless but needs the High 4:4:4 profile, which browsers do not play.
 
 Files are written next to their destination under a hidden temporary name and renamed when
-complete, so a failed or interrupted write never leaves a half-written video.
+complete, so a failed or interrupted write never leaves a half-written video. A numbered name is
+claimed across processes before the video is written (claim_output_path), and the finished file
+never replaces another: several processes writing into one folder each keep every video. The
+claim's token goes into the file's metadata (read_tag), so that a record of it can be checked.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from ..atomic_files import atomic_target, remove_stale_partials
+from ..atomic_files import Claim, atomic_target, claim, remove_stale_partials
 from ..safe_paths import UnsafePathError, check_inside, name_problem, relative_parts
 
 DEFAULT_CRF = 19
@@ -32,21 +35,36 @@ PIXEL_FORMAT = "yuv420p"  # what every player decodes
 BT709 = 1  # colour matrix, primaries and transfer tag (the HD standard; browsers assume it)
 
 
+TAG_PREFIX = "wan-enhanced "  # the container's comment: TAG_PREFIX + the write's token
+
+
 def save_mp4(frames, path: str | Path, fps: float = 16, crf: int = DEFAULT_CRF,
-             encoder: str | None = None) -> Path:
+             encoder: str | None = None, tag: str | None = None, replace: bool = True) -> Path:
     """Encode `frames` to an H.264 MP4 at `path` and return the path.
 
     frames: an IMAGE tensor [F,H,W,3] (float 0..1, or uint8 0..255), a numpy array of the same
     form, or any iterable of [H,W,3] frames; frames are converted one at a time, so the video is
-    never held twice. The folder must exist. An existing file at `path` is replaced."""
+    never held twice. The folder must exist. An existing file at `path` is replaced, unless
+    replace=False (then FileExistsError, nothing replaced). tag: a token written into the
+    file's metadata (read_tag gives it back)."""
     path = Path(path)
     rate = _frame_rate(fps)
     if not (isinstance(crf, (int, np.integer)) and 0 <= crf <= 51):
         raise ValueError(f"crf must be an integer from 0 to 51 (lower is better), got {crf!r}")
     encoder = encoder or default_h264_encoder()
-    with atomic_target(path, path.name, make_folder=False) as temp:
-        _encode(_uint8_frames(frames), temp, rate, int(crf), encoder)
+    with atomic_target(path, path.name, make_folder=False, replace=replace) as temp:
+        _encode(_uint8_frames(frames), temp, rate, int(crf), encoder, tag)
     return path
+
+
+def read_tag(path: str | Path) -> str | None:
+    """The token save_mp4 wrote into the file, or None (no token, not an MP4 we read)."""
+    try:
+        with _av().open(str(path)) as container:
+            comment = container.metadata.get("comment", "")
+    except Exception:  # absent, truncated, not a video: no token to tell
+        return None
+    return comment[len(TAG_PREFIX):] if comment.startswith(TAG_PREFIX) else None
 
 
 def read_mp4(path: str | Path) -> tuple[torch.Tensor, float]:
@@ -103,14 +121,32 @@ def next_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Path
         return target / f"{name}_{max(used, default=0) + 1:05d}{ext}"
 
 
+CLAIM_ATTEMPTS = 1000
+
+
+def claim_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Claim:
+    """The next free numbered name (next_output_path), reserved across processes: a writer
+    into the same folder meanwhile gets the next number. Release the claim when the file is
+    written (or was not)."""
+    for _ in range(CLAIM_ATTEMPTS):
+        path = next_output_path(folder, prefix, ext)
+        claimed = claim(path)
+        if claimed is not None:
+            return claimed
+    raise OSError(f"cannot claim a numbered name for {prefix!r} in {folder}: {CLAIM_ATTEMPTS} "
+                  f"names in a row were taken while trying")
+
+
 # -- encoding ----------------------------------------------------------------------------------
 
 def _encode(frames: Iterator[np.ndarray], temp: Path, rate: Fraction, crf: int,
-            encoder: str) -> None:
+            encoder: str, tag: str | None = None) -> None:
     # faststart moves the index to the front so browsers (ComfyUI's preview) play while loading.
     av = _av()
     with av.open(str(temp), mode="w", format="mp4",
                  options={"movflags": "+faststart"}) as container:
+        if tag is not None:
+            container.metadata["comment"] = TAG_PREFIX + tag
         stream = None
         for index, rgb in enumerate(frames):
             if stream is None:

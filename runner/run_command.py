@@ -260,22 +260,27 @@ def _run_jobs_here(jobs, total, validated, registry, results, display, stop) -> 
 
 def _file_recorder(results: ResultsLog | None, job: SweepJob, run_id: str):
     """Output listener writing a job's "writing" lines (no results file: nothing to record)."""
-    def record(node_id: str, path) -> None:
+    def record(node_id: str, path, token=None) -> None:
         if results is not None:
-            results.writing(job.job_key, node_id, path, run_id)
+            results.writing(job.job_key, node_id, path, run_id, token)
     return record
 
 
 def _recovered(job: SweepJob, validated, results: ResultsLog, total: int) -> bool:
     """A job whose previous attempt wrote every video and was killed before its "success" line:
     recorded as succeeded from its files instead of running again."""
+    from ..pipeline.video_io import read_tag
+
     orphans = results.orphans(job.job_key)
     savers = {node_id for node_id in validated.order
               if validated.nodes[node_id]["class_type"] == "WanEnhancedSaveVideo"}
-    if not savers or not savers <= set(orphans) or \
-            not all(Path(orphans[node_id]).is_file() for node_id in savers):
+    if not savers or not savers <= set(orphans):
         return False
-    files = [orphans[node_id] for node_id in sorted(savers)]
+    for node_id in savers:  # each file there, and written by that attempt (its token)
+        file, token = orphans[node_id]
+        if token is None or not Path(file).is_file() or read_tag(file) != token:
+            return False
+    files = [orphans[node_id][0] for node_id in sorted(savers)]
     record = result_record(job.job_key, job.settings, status="success", seconds=0.0,
                            files=files, run_id=None, error=None)
     record["recovered"] = True

@@ -21,10 +21,12 @@ go (the output folder; with --server also the server, or "a pool" for several), 
 the same sweep skips the jobs that already have a "success" line and a crashed batch resumes
 where it stopped; changing the workflow, a value or the output folder gives new keys.
 
-Just before a job's video is renamed into place a "writing" line names the file. A job stopped
-between its video and its "success" line (kill -9) thus left a "writing" line whose file exists:
-the rerun records that job as succeeded from its file (status "success", "recovered": true)
-instead of running it again and writing a second copy.
+Just before a job's video is written a "writing" line names the file and the token the file
+will carry in its metadata. A job stopped between its video and its "success" line (kill -9)
+thus left a "writing" line whose file exists: the rerun records that job as succeeded from its
+file (status "success", "recovered": true) instead of running it again and writing a second
+copy, when the file carries that line's token (a file another run wrote under that name since,
+or one without a token, does not count: the job runs again).
 """
 
 from __future__ import annotations
@@ -194,23 +196,27 @@ class ResultsLog:
     def succeeded(self) -> set[str]:
         return {r.get("job_key") for r in self.records if r.get("status") == "success"}
 
-    def orphans(self, key: str) -> dict[str, str]:
-        """{node id: file} of the "writing" lines of `key`'s last attempt, when that attempt
-        ended without a line of its own (the process was killed); empty otherwise."""
-        written: dict[str, str] = {}
+    def orphans(self, key: str) -> dict[str, tuple[str, str | None]]:
+        """{node id: (file, token)} of the "writing" lines of `key`'s last attempt, when that
+        attempt ended without a line of its own (the process was killed); empty otherwise."""
+        written: dict[str, tuple[str, str | None]] = {}
         for record in self.records:
             if record.get("job_key") != key:
                 continue
             if record.get("status") == "writing":
-                written[str(record.get("node"))] = str(record.get("file"))
+                token = record.get("token")
+                written[str(record.get("node"))] = (str(record.get("file")),
+                                                    None if token is None else str(token))
             else:
                 written = {}  # a finished attempt: its files are accounted for
         return written
 
-    def writing(self, key: str, node: str, path: str | Path, run_id: str) -> None:
-        """Record, before a file is renamed into place, that this job writes it."""
+    def writing(self, key: str, node: str, path: str | Path, run_id: str,
+                token: str | None = None) -> None:
+        """Record, before a file is written, that this job writes it (with the token the file
+        will carry)."""
         self.append({"job_key": key, "status": "writing", "node": str(node), "file": str(path),
-                     "run_id": run_id})
+                     "token": token, "run_id": run_id})
 
     def append(self, record: dict) -> None:
         line = json.dumps(record, ensure_ascii=False, default=str) + "\n"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from wan_enhanced import host
 from wan_enhanced.atomic_files import remove_stale_partials, write_atomically
@@ -162,3 +163,107 @@ def test_atomic_writes_clean_their_folder_and_keep_normal_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "log.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+# -- claimed names: concurrent writers, another run's video, a reused process id ----------------
+
+CONCURRENT_WRITER = """
+import sys, torch
+from wan_enhanced.nodes.video import WanSaveVideo
+from wan_enhanced import host
+host.set_headless_folders(output=sys.argv[1])
+seed = int(sys.argv[2])
+for i in range(int(sys.argv[3])):
+    frames = torch.full((2, 16, 16, 3), ((seed * 37 + i * 11) % 97) / 97.0)
+    WanSaveVideo().save(frames, "wan/race", 8.0, 23)
+"""
+
+
+def test_processes_writing_into_one_folder_keep_every_video(tmp_path):
+    """Three processes saving six videos each into one folder at once: 18 files, each a whole
+    video (the numbers are claimed across processes; nothing replaces another's file)."""
+    import subprocess
+    import sys
+
+    from wan_enhanced.pipeline.video_io import read_mp4
+
+    script = tmp_path / "writer.py"
+    script.write_text(CONCURRENT_WRITER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = tmp_path / "out"
+    writers = [subprocess.Popen([sys.executable, str(script), str(out), str(seed), "6"], env=env,
+                                stderr=subprocess.PIPE) for seed in range(3)]
+    for writer in writers:
+        assert writer.wait(timeout=300) == 0, writer.stderr.read().decode()
+    names = videos(out)
+    assert names == [f"race_{n:05d}.mp4" for n in range(1, 19)]
+    seen = {tuple(read_mp4(out / "wan" / name)[0][0, 0, 0].tolist()) for name in names}
+    assert len(seen) == 18  # 18 different videos: none was written over another
+    assert not [p for p in (out / "wan").iterdir() if p.name.startswith(".")]  # no claims left
+
+
+def test_a_recorded_name_holding_another_runs_video_is_not_recovered(sweep, tmp_path):
+    """A job killed (kill -9) while its video was encoded leaves a "writing" line and no video;
+    another run into the folder then takes that number (the dead writer's claim is cleaned).
+    The rerun sees the file there does not carry the job's token and runs the job again,
+    instead of recording the other run's video as the job's."""
+    import subprocess
+    import sys
+
+    from wan_enhanced.nodes.video import WanSaveVideo
+
+    results, out = tmp_path / "results.jsonl", tmp_path / "out"
+    workflow, values, models = sweep
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_WHILE_ENCODING)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, str(script), "run", str(workflow), "--sweep",
+                           str(values), "--models", str(models), "--out", str(out),
+                           "--results", str(results), "--quiet"], env=env, capture_output=True)
+    assert done.returncode == 9, done.stderr
+    (line,) = ResultsLog(results).records
+    assert line["status"] == "writing" and line["token"]
+    recorded = Path(line["file"])
+    assert not recorded.exists()
+    host.set_headless_folders(output=out)  # another run writes into the folder
+    WanSaveVideo().save(torch.zeros(2, 16, 16, 3), "wan/ti2v_speed_preview", 8.0, 23)
+    assert recorded.exists()
+    assert run_sweep(sweep, out, results) == 0
+    records = [r for r in ResultsLog(results).records if r["status"] == "success"]
+    assert len(records) == 2 and not any(r.get("recovered") for r in records)
+    assert str(recorded) not in [f for r in records for f in r["outputs"]]
+    assert len(videos(out)) == 3
+
+
+def test_a_killed_writers_files_go_when_its_process_id_belongs_to_another_process(tmp_path):
+    """A partial and a claim of a writer that was PID 1 in an earlier container: PID 1 runs
+    again (another process, started later), and the files are still removed."""
+    from wan_enhanced.atomic_files import claim, writer_tag
+
+    me = writer_tag()
+    pid, start = me.split("@")
+    earlier = int(start) - 100_000  # the same id, a process that started long before
+    partial = tmp_path / f".clip_00001.mp4.{pid}@{earlier}-0123abcd.partial"
+    partial.write_bytes(b"half a video")
+    stale_claim = tmp_path / ".clip_00002.mp4.claim"
+    stale_claim.write_text(json.dumps({"writer": f"{pid}@{earlier}", "token": "ab"}))
+    mine = claim(tmp_path / "clip_00003.mp4")
+    own_partial = tmp_path / f".clip_00003.mp4.{me}-fedcba98.partial"
+    own_partial.write_bytes(b"being written")
+    removed = remove_stale_partials(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([partial.name, stale_claim.name])
+    assert mine.claim_file.exists() and own_partial.exists()
+    assert claim(tmp_path / "clip_00003.mp4") is None  # held by this process
+    mine.release()
+    assert claim(tmp_path / "clip_00003.mp4") is not None
+
+
+def test_a_finished_video_never_replaces_a_file_it_did_not_write(tmp_path):
+    from wan_enhanced.pipeline.video_io import save_mp4
+
+    target = tmp_path / "clip.mp4"
+    target.write_bytes(b"someone else's video")
+    with pytest.raises(FileExistsError, match="nothing was replaced"):
+        save_mp4(torch.zeros(2, 16, 16, 3), target, 8, replace=False)
+    assert target.read_bytes() == b"someone else's video"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.mp4"]  # no partial left

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..atomic_files import claim, put_new
 from ..safe_paths import UnsafePathError, name_problem, path_inside
 from .stop_signals import FirstStopRaises
 from .executor import EventCallback, RunEvent, ui_file_entries
@@ -241,8 +242,10 @@ class Client:
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no .part file left behind
             partial.unlink(missing_ok=True)
             raise
-        partial.replace(target)
-        return target
+        try:
+            return place_new(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
 
     def _json(self, method: str, path: str, body: Any = None) -> Any:
         status, reply = self._call(method, path, body)
@@ -494,6 +497,29 @@ def _close_quietly(ws) -> None:
         ws.close(timeout=1.0)  # the wait for the server's close reply: short, it is a courtesy
     except Exception:
         pass
+
+
+def place_new(finished: Path, target: Path) -> Path:
+    """Move the downloaded `finished` to `target`, or, where a file is there already (a run
+    into a folder shared with others, a server whose numbering restarted), to the first free
+    `STEM-2.EXT`, `STEM-3.EXT`, ...: a download never replaces a file. Names are claimed
+    across processes while the file is moved in."""
+    for number in range(1, 10_000):
+        candidate = target if number == 1 else \
+            target.with_name(f"{target.stem}-{number}{target.suffix}")
+        if candidate.exists():
+            continue
+        claimed = claim(candidate)
+        if claimed is None:
+            continue
+        try:
+            put_new(finished, candidate, f"the downloaded {target.name}")
+            return candidate
+        except FileExistsError:
+            continue
+        finally:
+            claimed.release()
+    raise ServerError(f"no free name for {target.name} in {target.parent}")
 
 
 def download_path(entry: Mapping, out_dir: str | Path) -> Path:

@@ -650,3 +650,21 @@ def test_run_command_on_a_server_with_set_and_sweep(tmp_path, capsys):
     assert [line["status"] for line in lines] == ["success", "success"]
     assert all(line["prompt_id"] and line["outputs"] for line in lines)
     assert "expected an integer (INT), got 'lots'" in capsys.readouterr().err
+
+
+def test_a_download_never_replaces_a_file_in_the_output_folder(tmp_path):
+    """A folder shared with headless runs, or a server whose numbering restarted: the file
+    already there stays, the download takes the next free name."""
+    out = tmp_path / "out"
+    (out / "wan").mkdir(parents=True)
+    mine = out / "wan" / "clip_00001.mp4"
+    mine.write_bytes(b"a video of a headless run")
+    with FakeComfyUI("success") as server:
+        first = Client(server.url).run(WORKFLOW, out)
+        second = Client(server.url).run(WORKFLOW, out)
+    assert mine.read_bytes() == b"a video of a headless run"
+    assert first.files[0] == str(out / "wan" / "clip_00001-2.mp4")
+    assert second.files[0] == str(out / "wan" / "clip_00001-3.mp4")
+    assert (out / "wan" / "clip_00001-2.mp4").read_bytes() == VIDEO
+    assert sorted(p.name for p in (out / "wan").iterdir()) == [
+        "clip_00001-2.mp4", "clip_00001-3.mp4", "clip_00001.mp4"]  # no .part, no .claim

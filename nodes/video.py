@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import host
-from ..pipeline.video_io import claim_output_path, save_mp4
+from ..pipeline.video_io import claim_output_path, save_mp4, video_name_problem
 from .checks import constant_problems, output_file_problem, verdict
 from .common import CATEGORY, memory_event, node_errors
 
@@ -29,8 +29,10 @@ class WanSaveVideo:
     @classmethod
     def VALIDATE_INPUTS(cls, filename_prefix, fps):
         """The prefix stays inside a writable output folder; fps is a finite number in range."""
-        return verdict([*constant_problems(cls, fps=fps),
-                        output_file_problem("filename_prefix", filename_prefix)])
+        problem = output_file_problem("filename_prefix", filename_prefix)
+        if problem is None:
+            problem = video_name_problem(host.output_directory(), filename_prefix)
+        return verdict([*constant_problems(cls, fps=fps), problem])
 
     def save(self, images, filename_prefix, fps, crf, unique_id=None):
         root = host.output_directory()

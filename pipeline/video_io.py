@@ -122,6 +122,32 @@ def next_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Path
 
 
 CLAIM_ATTEMPTS = 1000
+# the longest name written beside a video NAME_00001.mp4: its hidden temporary file
+# .NAME_00001.mp4.PID@START-TOKEN.partial (a process id of up to 10 digits, a start time of 13)
+_LONGEST_EXTRA = len(".") + len(".") + 10 + len("@") + 13 + len("-") + 8 + len(".partial")
+
+
+def video_name_problem(folder: str | Path, prefix: str, ext: str = ".mp4") -> str | None:
+    """Why videos named by `prefix` could not be written into `folder`, found before anything
+    runs: a prefix that ends in a folder, or a name the file system cannot hold with the
+    hidden temporary name written beside it (its longest file name, in bytes)."""
+    if not isinstance(prefix, str):
+        return None
+    *_, name = relative_parts(prefix) or ("",)
+    if not name or prefix.replace("\\", "/").endswith("/"):
+        return f"filename_prefix: {prefix!r} has an empty file name (it ends in a folder)"
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX") if os.path.isdir(folder) else 255
+    except (OSError, ValueError):
+        limit = 255
+    longest = len(os.fsencode(f"{name}_00001{ext}")) + _LONGEST_EXTRA
+    if longest > limit:
+        room = limit - _LONGEST_EXTRA - len(os.fsencode(f"_00001{ext}"))
+        return (f"filename_prefix: its last part is {len(os.fsencode(name))} bytes in UTF-8, "
+                f"more than the {room} bytes left of the file system's {limit} a name once "
+                f"the number, the extension and the hidden temporary name written beside the "
+                f"video are counted")
+    return None
 
 
 def claim_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Claim:

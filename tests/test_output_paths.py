@@ -158,3 +158,29 @@ def test_path_inside_resolves_links(tmp_path):
         path_inside(root, "file", "f")
     with pytest.raises(UnsafePathError, match="empty"):
         path_inside(root, ".", "f")
+
+
+def test_prefixes_that_cannot_be_written_are_refused_at_validation(tmp_path):
+    """A prefix ending in a folder, or a last part the file system cannot hold with the
+    temporary name written beside the video (ASCII or CJK, in UTF-8 bytes), is refused before
+    anything runs; the longest accepted one is written."""
+    import torch
+
+    from wan_enhanced import host
+    from wan_enhanced.nodes.video import WanSaveVideo
+    from wan_enhanced.pipeline.video_io import video_name_problem
+
+    assert "ends in a folder" in video_name_problem(tmp_path, "wan/")
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    room = next(n for n in range(limit, 0, -1) if video_name_problem(tmp_path, "a" * n) is None)
+    assert f"more than the {room} bytes left" in video_name_problem(tmp_path, "a" * (room + 1))
+    cjk = "猫" * (room // 3 + 1)  # 3 bytes each in UTF-8
+    assert "bytes in UTF-8" in video_name_problem(tmp_path, cjk)
+    host.set_headless_folders(output=tmp_path)
+    try:
+        assert WanSaveVideo.VALIDATE_INPUTS("b" * (room + 1), 16.0) is not True
+        assert WanSaveVideo.VALIDATE_INPUTS("b" * room, 16.0) is True
+        WanSaveVideo().save(torch.zeros(2, 16, 16, 3), "b" * room, 8.0, 23)
+        assert [p.name for p in tmp_path.iterdir()] == ["b" * room + "_00001.mp4"]
+    finally:
+        host.set_headless_folders(output="output")

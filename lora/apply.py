@@ -24,6 +24,7 @@ half way, the weights it was rewriting are marked and rewritten next time.
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -37,7 +38,8 @@ from .file import LoraFile, open_lora
 from .keymap import dit_shapes
 from .layers import official_tensors, unwrap_all, wrap, wrappers
 from .merge import Merge
-from .patches import NOT_ADDITIVE, Difference, LowRank, Patch, unscaled_delta
+from .build import LoraError
+from .patches import NOT_ADDITIVE, Difference, LowRank, Patch, file_keys, unscaled_delta
 
 MODES = ("merge", "unmerged")
 
@@ -210,6 +212,12 @@ def _read_factors(choice: LoraChoice, lora: LoraFile, stamp, dtype: torch.dtype,
         else:  # LoHa, LoKr: their full difference, formed once in float32
             delta = unscaled_delta(patch, lora.tensor, shapes[key]).to(dtype).contiguous()
             terms.setdefault(module, []).append(("weight_diff", (delta,), patch.scale))
+        _, tensors, scale = terms[module][-1]
+        if not all(bool(torch.isfinite(t).all()) for t in tensors) or \
+                not math.isfinite(scale * choice.strength):
+            raise LoraError(f"{lora.path}: {', '.join(map(repr, file_keys(patch)))} hold NaN or "
+                            f"infinite values in {dtype} at strength {choice.strength:g} (stored "
+                            f"so, or too large for the compute dtype); refused")
     cache.terms, cache.stamp, cache.dtype = terms, stamp, dtype
     _READ[(str(choice.path), stamp, dtype)] = cache
 

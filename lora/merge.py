@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .build import LoraError
 from .file import LoraFile
-from .patches import Patch, add_
+from .patches import Patch, add_, file_keys
 
 
 def add_patch_(weight: torch.Tensor, lora: LoraFile, patch: Patch, strength: float) -> None:
@@ -46,5 +47,14 @@ class Merge:
         return key in self.contributions
 
     def apply_(self, key: str, weight: torch.Tensor) -> None:
+        """Every contribution to `key` added into `weight`; LoraError naming the file and its
+        keys when one leaves a NaN or an infinity in it (a NaN stored in the file, an alpha or
+        strength that overflows float32): a black video otherwise, with no word said."""
         for c in self.contributions.get(key, ()):
-            add_patch_(weight, c.lora, c.lora.patches[key], c.strength)
+            patch = c.lora.patches[key]
+            add_patch_(weight, c.lora, patch, c.strength)
+            if not bool(torch.isfinite(weight).all()):
+                raise LoraError(f"{c.lora.path}: merging {', '.join(map(repr, file_keys(patch)))}"
+                                f" at strength {c.strength:g} into {key} gives NaN or "
+                                f"infinite values (a NaN or infinity stored in the file, or a "
+                                f"scale too large); refused")

@@ -126,6 +126,18 @@ Patch = LowRank | Difference | Hadamard | Kronecker | Decomposed | Orthogonal | 
 NOT_ADDITIVE = (Decomposed, Orthogonal, Replacement)
 
 
+def file_keys(patch: Patch) -> list[str]:
+    """The file keys a patch reads, in the order the file names them."""
+    if isinstance(patch, Decomposed):
+        return [*file_keys(patch.inner), patch.magnitude]
+    if isinstance(patch, Orthogonal):
+        return [patch.blocks]
+    names = {LowRank: ("up", "down"), Difference: ("key",), Replacement: ("key",),
+             Hadamard: ("w1_a", "w1_b", "w2_a", "w2_b", "t1", "t2"),
+             Kronecker: ("w1", "w1_a", "w1_b", "w2", "w2_a", "w2_b", "t2")}[type(patch)]
+    return [key for key in (getattr(patch, n) for n in names) if key is not None]
+
+
 def _f32(read: Read, key: str, device) -> torch.Tensor:
     return read(key).to(device=device, dtype=torch.float32)
 

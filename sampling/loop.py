@@ -25,7 +25,12 @@ from .solver_base import FlowSolver
 
 StepCallback = Callable[[int, int, torch.Tensor], None]
 
-__all__ = ["denoise", "make_noise", "noise_latent", "StepCallback"]
+__all__ = ["denoise", "make_noise", "noise_latent", "StepCallback", "NonFiniteSample"]
+
+
+class NonFiniteSample(RuntimeError):
+    """The sample holds NaN or infinite values after a step: what follows would be a black
+    video, so the run stops there."""
 
 
 def _model_timesteps(value: float, x: torch.Tensor, fixed_frames: int) -> torch.Tensor:
@@ -107,6 +112,13 @@ def denoise(model: ModelFn | ModelSelector, noise: torch.Tensor, solver: FlowSol
             v = guided_velocity(expert.model, x, t, conditioning, expert.guidance_scale)
             x = solver.step(v, x)
             del v, t
+            if not bool(torch.isfinite(x).all()):
+                raise NonFiniteSample(
+                    f"the sample holds NaN or infinite values after step {index + 1} of {total}"
+                    + (f" ({expert.name} expert)" if selector.experts()[1:] else "")
+                    + ": the model's weights or a LoRA merged into them give non-finite "
+                      "outputs (a NaN in a file, an alpha too large); stopped before decoding "
+                      "a black video")
             if fixed is not None:
                 x[:, :, :fixed.shape[2]] = fixed
             if callback is not None:

@@ -448,3 +448,46 @@ def test_a_weight_replacement_sets_the_weight_whatever_the_strength(files, tmp_p
     forward(handle)
     assert torch.equal(handle.model.blocks[1].ffn[0].weight, new)  # merged, not a term
     assert set(wrappers(handle.model)) == {"blocks.0.ffn.2"}
+
+
+# -- non-finite values -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["merge", "unmerged"])
+@pytest.mark.parametrize("poison", ["nan", "inf"])
+def test_a_lora_with_non_finite_values_is_refused_naming_file_and_keys(files, tmp_path, mode,
+                                                                        poison):
+    """A NaN or an infinity stored in a LoRA matrix gave an all-black video and exit 0:
+    refused, naming the file and the keys, and the model keeps the weights it had."""
+    content = random_lora(CONFIG, 8, ["blocks.0.ffn.0"], rank=4, alpha=4.0)
+    state = lora_state(content, "generic")
+    state["diffusion_model.blocks.0.ffn.0.lora_A.weight"][1, 3] = float(poison)
+    path = tmp_path / "poisoned.safetensors"
+    save_file(state, str(path))
+    base = load_model(files["base"], "fp32", "sdpa")
+    before = {k: v.clone() for k, v in base.model.state_dict().items()}
+    handle = with_lora(base, path, 1.0, mode)
+    with pytest.raises(LoraError, match=r"poisoned.safetensors: .*'diffusion_model.blocks.0."
+                                        r"ffn.0.lora_B.weight'.* NaN or infinite values"):
+        forward(handle)
+    forward(base)  # the model without it computes as before
+    after = base.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    out = tmp_path / "never.safetensors"
+    assert main(["lora", "merge", str(files["base"]), str(path), "--out", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_a_sample_that_turns_non_finite_stops_the_run_at_that_step():
+    from wan_enhanced.sampling.loop import NonFiniteSample, denoise
+    from wan_enhanced.sampling.solvers import make_schedule, make_solver
+
+    calls = []
+
+    def model(x, t, cond):
+        calls.append(1)
+        return torch.full_like(x, float("nan")) if len(calls) == 2 else torch.zeros_like(x)
+
+    solver = make_solver("euler", make_schedule("euler", 4, 5.0))
+    with pytest.raises(NonFiniteSample, match="after step 2 of 4"):
+        denoise(model, torch.randn(1, 4, 1, 2, 2), solver)
+    assert len(calls) == 2

@@ -165,3 +165,16 @@ def test_each_expert_computes_with_its_own_distill_lora(models, loads):
                                torch.add(before, diff, alpha=strength))
     high, low = (experts[n][2] for n in (HIGH, LOW))
     assert not torch.equal(high, low)
+
+
+def test_a_lora_whose_scale_overflows_the_forward_stops_the_run_before_decoding(tmp_path, models,
+                                                                               loads, capsys):
+    """An alpha of 1e38: every tensor finite, the merged weights too, but the forward overflows
+    and the sample turns NaN: the run stops at that step with the reason (it gave a black
+    video and exit 0)."""
+    content = random_lora(CONFIG, seed=9, alpha=1e38)
+    write_lora(models / "loras" / "overflowing.safetensors", content, "kohya")
+    assert run(tmp_path, models, **{"3.lora_name": "overflowing.safetensors"}) != 0
+    err = capsys.readouterr().err
+    assert "NaN or infinite values after step 1 of 4 (high_noise expert)" in err
+    assert not list((tmp_path / "out").rglob("*.mp4"))

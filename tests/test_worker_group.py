@@ -146,7 +146,8 @@ def test_started_from_a_script_and_a_package_imported_by_path(tmp_path):
         import importlib.util, sys
         if __name__ != "__main__":
             raise SystemExit("the host's main script ran again in a worker")
-        name = {str(REPO / "custom_nodes" / "comfyui-wan-enhanced")!r}
+        # ComfyUI's load_custom_node names the package by its path, dots as "_x_"
+        name = {str(REPO / "custom_nodes" / "comfyui-wan-enhanced").replace(".", "_x_")!r}
         spec = importlib.util.spec_from_file_location(
             name, {str(REPO / "__init__.py")!r}, submodule_search_locations=[{str(REPO)!r}])
         package = importlib.util.module_from_spec(spec)

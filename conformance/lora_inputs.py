@@ -7,7 +7,7 @@ conformance/make_peft_dora_reference.py with PEFT's.
     python -m wan_enhanced.conformance.lora_inputs tests/data/lora
 
 ComfyUI reads the kohya, Wan Fun, prefixed generic and full-difference names, LoHa, LoKr and
-kohya DoRA, OFT and weight replacements, but not the bare official names, diffusers' names, LyCORIS module names, PEFT's
+kohya DoRA, OFT, BOFT, GLoRA and weight replacements, but not the bare official names, diffusers' names, LyCORIS module names, PEFT's
 lora_B bias or LightX2V's `.diff_m`: a file in one of those holds the same content as a file
 ComfyUI reads (its `twin`: the diffusers names as generic names, `lycoris_` names as
 `diffusion_model.` names, a lora_B bias as a `.diff_b`, a `blocks.N.diff_m` as
@@ -29,7 +29,8 @@ from ..atomic_files import atomic_target, write_atomically
 from ..checkpoints.tiny import random_dit_state
 from ..lora.keymap import dit_shapes
 from ..lora.tiny import (LoraContent, add_dora, block_modules, lightx2v_lora, merged_content,
-                         random_lokr, random_loha, random_lora, random_oft, write_lora)
+                         random_boft, random_glora, random_lokr, random_loha, random_lora,
+                         random_oft, write_lora)
 from ..wan.configs import DiTConfig
 
 # head_dim 16: ComfyUI gets the head count from cases.json, our loader from the file's metadata
@@ -98,6 +99,16 @@ def contents(base: dict[str, torch.Tensor]):
     replaced.replacements = {m: 0.1 * torch.randn(dit_shapes(CONFIG)[f"{m}.weight"],
                                                   generator=gen)
                              for m in ("blocks.0.norm3", "blocks.1.ffn.2")}
+    glora = random_glora(CONFIG, seed=32, modules=[m for m in block0 if ".self_attn." in m],
+                         rank=4, alpha=2.0)
+    # BOFT: two butterfly levels on the cross-attention (alpha 0: no constraint; ComfyUI fails
+    # on a BOFT module without an alpha and leaves it out), three with a constraint and a
+    # rescale on the first feed-forward matrix
+    boft = merged_content(
+        random_boft(CONFIG, seed=33, modules=[m for m in block0 if ".cross_attn." in m],
+                    levels=2, block_size=8, constraint=0.0),
+        random_boft(CONFIG, seed=34, modules=["blocks.0.ffn.0"], levels=3, block_size=8,
+                    constraint=0.05, rescale=True))
     return {
         "kohya": (random_lora(CONFIG, seed=13, rank=4, alpha=2.0,
                               diffs=("blocks.0.norm3.weight", "blocks.1.cross_attn.o.bias")),
@@ -119,6 +130,8 @@ def contents(base: dict[str, torch.Tensor]):
         "peft_dora": (peft_dora, "diffusers", None),
         "oft": (oft, "kohya", None),
         "set": (replaced, "generic", None),
+        "glora": (glora, "kohya", None),
+        "boft": (boft, "generic", None),
     }
 
 
@@ -144,9 +157,15 @@ CASES = {
     "oft_strength": [("oft", 0.7)],
     "stack_oft": [("kohya", 0.5), ("oft", 0.8), ("lokr", 1.0)],
     "set": [("kohya", 0.6), ("set", 0.5)],
+    "glora": [("glora", 1.0)],
+    "glora_strength": [("glora", -0.6)],
+    "boft": [("boft", 1.0)],
+    "boft_strength": [("boft", 0.7)],
+    "stack_butterfly": [("lokr", 0.5), ("boft", 0.9), ("glora", 1.0)],
 }
 # the same chains on the base's weights in bf16 (ComfyUI computes on them in float32)
-BF16_CASES = ("lightx2v", "loha", "lokr", "dora_strength", "stack_lycoris", "oft_strength")
+BF16_CASES = ("lightx2v", "loha", "lokr", "dora_strength", "stack_lycoris", "oft_strength",
+              "stack_butterfly")
 # merged by PEFT (strength 1: PEFT has no strength), not by ComfyUI
 PEFT_CASES = {"peft_dora": [("peft_dora", 1.0)]}
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 import math
 from typing import Iterator, Mapping
 
+import torch
+
 from ..checkpoints.reader import CheckpointError, TensorSource
 from .formats import LoraKey
 from .keymap import ModelNames
-from .patches import (Additive, Decomposed, Difference, Hadamard, Kronecker, LowRank,
-                      Orthogonal, Patch, Replacement)
+from .patches import (Additive, Butterfly, Decomposed, Difference, Generalized, Hadamard,
+                      Kronecker, LowRank, Orthogonal, Patch, Replacement, glora_delta)
 
 
 class LoraError(CheckpointError):
@@ -23,6 +25,7 @@ _PAIR = {"up", "down"}
 _LOHA = {"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"}
 _LOKR = {"lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2"}
 _DORA = ("dora_scale", "magnitude")
+_GLORA = ("glora_a1", "glora_a2", "glora_b1", "glora_b2")
 
 
 def module_patches(source: TensorSource, names: ModelNames, shapes: Mapping[str, tuple],
@@ -34,6 +37,7 @@ def module_patches(source: TensorSource, names: ModelNames, shapes: Mapping[str,
     weight_kinds = [kind for kind, found in (
         ("a low-rank pair", _PAIR & set(roles)), ("LoHa factors", _LOHA & set(roles)),
         ("LoKr factors", _LOKR & set(roles)), ("OFT blocks", {"oft_blocks"} & set(roles)),
+        ("GLoRA factors", set(_GLORA) & set(roles)),
         ("a full difference", {"diff"} & set(roles)),
         ("a weight replacement", {"set_weight"} & set(roles)))
         if found]
@@ -49,16 +53,23 @@ def module_patches(source: TensorSource, names: ModelNames, shapes: Mapping[str,
                 raise LoraError(f"{path}: {roles[role].key!r} is {what} without the low-rank "
                                 f"pair, LoHa or LoKr factors of its module")
     target = names.target(ours, "up")
-    if "oft_rescale" in roles:
+    butterfly = "oft_blocks" in roles and len(source.shape(roles["oft_blocks"].key)) == 4
+    if "oft_rescale" in roles and not butterfly:
         raise LoraError(f"{path}: {roles['oft_rescale'].key!r} is OFT's output rescaling, which "
                         f"ComfyUI leaves out when it merges OFT; refused rather than ignored "
                         f"(merge the file without it)")
-    if "oft_blocks" in roles:
+    if "oft_blocks" in roles or set(_GLORA) & set(roles):
         for role in ("dora_scale", "magnitude", "up_bias"):
             if role in roles:
-                raise LoraError(f"{path}: {roles[role].key!r} beside OFT blocks: DoRA and lora_B "
-                                f"biases belong to low-rank, LoHa or LoKr patches")
-        yield target, _oft(source, shapes, target, roles)
+                raise LoraError(f"{path}: {roles[role].key!r} beside OFT, BOFT or GLoRA factors: "
+                                f"DoRA and lora_B biases belong to low-rank, LoHa or LoKr "
+                                f"patches")
+        if butterfly:
+            yield target, _boft(source, shapes, target, roles)
+        elif "oft_blocks" in roles:
+            yield target, _oft(source, shapes, target, roles)
+        else:
+            yield target, _glora(source, shapes, target, roles)
     inner: Additive | None = None
     if _PAIR & set(roles):
         inner = _low_rank(source, shapes, target, roles)
@@ -237,6 +248,61 @@ def _oft(source, shapes, target, roles) -> Orthogonal:
                             f"{target} has {rows} output rows: OFT blocks are [k, n, n] with "
                             f"k * n = {rows}")
     return Orthogonal(key, constraint)
+
+
+def _boft(source, shapes, target, roles) -> Butterfly:
+    key = roles["oft_blocks"].key
+    rescale = roles["oft_rescale"].key if "oft_rescale" in roles else None
+    _floats(source, key, *([rescale] if rescale else []))
+    levels, count, size, other = source.shape(key)
+    constraint = _alpha(source, roles["alpha"].key) if "alpha" in roles else 0.0
+    if target is not None:
+        rows = shapes[target][0]
+        ok = (size == other and size % 2 == 0 and count * size == rows
+              and rows % (2 ** max(levels - 1, 0) * size) == 0)
+        if not ok:
+            raise LoraError(f"{source.path}: {key!r} has shape {[levels, count, size, other]} but "
+                            f"the model's {target} has {rows} output rows: BOFT blocks are "
+                            f"[m, k, n, n] with n even, k * n = {rows} and {rows} a multiple "
+                            f"of 2^(m-1) * n")
+        if rescale is not None and math.prod(source.shape(rescale)) != rows:
+            raise LoraError(f"{source.path}: {rescale!r} has shape {list(source.shape(rescale))}"
+                            f"; BOFT's rescale has one value per output row ({rows})")
+    return Butterfly(key, constraint, rescale)
+
+
+def _glora(source, shapes, target, roles) -> Generalized:
+    have = next(roles[r].key for r in _GLORA if r in roles)
+    keys = [_need(roles, r, source, have) for r in _GLORA]
+    _floats(source, *keys)
+    a1, a2, b1, b2 = (tuple(source.shape(k)) for k in keys)
+    weight = tuple(shapes[target]) if target is not None else ()
+    # which layout, from the shapes, as ComfyUI decides it
+    old, rank = False, None
+    if len(a1) >= 2 and len(a2) >= 2 and len(b1) >= 2 and len(b2) >= 2:
+        if b2[1] == b1[0] == a1[0] == a2[1]:
+            old, rank = True, a1[0]
+        if b2[0] == b1[1] == a1[1] == a2[0]:
+            keeps_old = old and len(weight) >= 2 and a2[0] == weight[0] == weight[1]
+            if not keeps_old:
+                old, rank = False, a2[0]
+    if rank is None:
+        raise LoraError(f"{source.path}: the GLoRA factors {keys[0]!r} {list(a1)}, "
+                        f"{keys[1]!r} {list(a2)}, {keys[2]!r} {list(b1)}, {keys[3]!r} "
+                        f"{list(b2)} fit neither GLoRA layout")
+    patch = Generalized(*keys, old, rank, _scale(source, roles, rank))
+    if target is not None:  # the products on the meta device: their shapes, nothing computed
+        meta = {k: torch.empty(shape, device="meta") for k, shape in zip(keys, (a1, a2, b1, b2))}
+        try:
+            made = tuple(glora_delta(torch.empty(weight, device="meta"), patch,
+                                      meta.__getitem__).shape)
+        except RuntimeError:
+            made = None
+        if made != weight:
+            raise LoraError(f"{source.path}: the GLoRA factors of {target} ({keys[0]!r} "
+                            f"{list(a1)}, {keys[1]!r} {list(a2)}, {keys[2]!r} {list(b1)}, "
+                            f"{keys[3]!r} {list(b2)}) do not make its shape {list(weight)}")
+    return patch
 
 
 def _dora(source, shapes, target, inner: Additive, key: LoraKey) -> Decomposed:

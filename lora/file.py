@@ -20,14 +20,15 @@ from ..checkpoints.reader import TensorSource, open_checkpoint
 from .build import LoraError, module_patches
 from .formats import FILE_SETTINGS, LoraKey, is_file_setting, refusal, split_key, unknown_keys
 from .keymap import ModelNames
-from .patches import (Decomposed, Difference, Hadamard, Kronecker, LowRank, Orthogonal, Patch,
-                      Replacement)
+from .patches import (Butterfly, Decomposed, Difference, Generalized, Hadamard, Kronecker,
+                      LowRank, Orthogonal, Patch, Replacement)
 
 UNMATCHED_SHOWN = 5
 
 
 KINDS = ((LowRank, "low-rank pairs"), (Hadamard, "LoHa"), (Kronecker, "LoKr"),
-         (Decomposed, "DoRA"), (Orthogonal, "OFT"), (Difference, "full differences"),
+         (Decomposed, "DoRA"), (Orthogonal, "OFT"), (Butterfly, "BOFT"),
+         (Generalized, "GLoRA"), (Difference, "full differences"),
          (Replacement, "weight replacements (the strength does not apply)"))
 
 

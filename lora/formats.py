@@ -3,8 +3,9 @@
 A LoRA file is a flat set of tensors. Every key we read ends in one of the suffixes below (its
 role) after a module name; the module name is resolved against the model's own names by
 lora/keymap.py. A few keys without a module are settings of the file as a whole (FILE_SETTINGS).
-A key with any other ending belongs to a format we do not read (OFT, GLoRA, ...) or is not a
-LoRA at all (a full model's weights): the file is refused, the refusal decided over all its keys.
+A key with any other ending belongs to a format we do not read (LoCon's Tucker middle factor, a
+reshaping patch, ...) or is not a LoRA at all (a full model's weights): the file is refused, the
+refusal decided over all its keys.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ ROLES = {
     ".lokr_w1": "lokr_w1", ".lokr_w1_a": "lokr_w1_a", ".lokr_w1_b": "lokr_w1_b",
     ".lokr_w2": "lokr_w2", ".lokr_w2_a": "lokr_w2_a", ".lokr_w2_b": "lokr_w2_b",
     ".lokr_t2": "lokr_t2",
-    ".oft_blocks": "oft_blocks",  # LyCORIS OFT: a block-diagonal rotation
+    ".oft_blocks": "oft_blocks",  # LyCORIS OFT [k, n, n] or BOFT [m, k, n, n]
+    ".a1.weight": "glora_a1", ".a2.weight": "glora_a2",  # LyCORIS GLoRA
+    ".b1.weight": "glora_b1", ".b2.weight": "glora_b2",
     ".rescale": "oft_rescale",  # OFT's output rescaling (refused: see lora/build.py)
     ".dora_scale": "dora_scale",  # kohya / LyCORIS DoRA
     ".lora_magnitude_vector": "magnitude", ".lora_magnitude_vector.weight": "magnitude",
@@ -55,13 +58,14 @@ FORMATS_READ = ("low-rank pairs under kohya/musubi (lora_unet_...), LyCORIS (lyc
                 "transformer., base_model.model.) and diffusers names (lora_up/lora_down, "
                 "lora_A/lora_B, optional alpha, PEFT lora_B.bias); full differences (.diff, "
                 ".diff_b, LightX2V's .diff_m, LyCORIS .w_norm/.b_norm); LyCORIS LoHa "
-                "(hada_*), LoKr (lokr_*) and OFT (oft_blocks); DoRA (dora_scale, PEFT "
-                "lora_magnitude_vector); weight replacements (.set_weight)")
+                "(hada_*), LoKr (lokr_*), OFT and BOFT (oft_blocks), GLoRA (a1/a2/b1/b2); DoRA "
+                "(dora_scale, PEFT lora_magnitude_vector); weight replacements (.set_weight)")
 
 # Endings of formats we know of but do not read, to say which one a refused file is.
 _KNOWN_OTHERS = {
-    "oft_diag": "LyCORIS OFT in its first layout (oft_diag)", "oft_R": "BOFT", "a1.weight": "GLoRA", "a2.weight": "GLoRA", "b1.weight": "GLoRA",
-    "b2.weight": "GLoRA", "lora_mid.weight": "LoCon with a Tucker middle factor",
+    "oft_diag": "LyCORIS OFT in its first layout (oft_diag)",
+    "oft_R": "BOFT in its first layout (oft_R)",
+    "lora_mid.weight": "LoCon with a Tucker middle factor",
     "reshape_weight": "a reshaping patch (it changes the model's shapes)",
 }
 

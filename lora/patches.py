@@ -15,6 +15,10 @@ header gave. The arithmetic is ComfyUI's weight adapters' (comfy/weight_adapter/
   Decomposed  DoRA: not a sum; it rescales the weight its inner patch has changed (apply_dora_)
   Orthogonal  OFT: not a sum; the weight's output rows, in blocks, turned by the Cayley
               transform R of the skew-symmetric part of each block (apply_oft_)
+  Butterfly   BOFT: not a sum; the rows turned by a product of m butterfly-arranged block
+              rotations (apply_boft_)
+  Generalized GLoRA: delta = scale * (W a1 a2 + b1 b2) (its newer layout; the older one
+              W a2 a1 + b2 b1), a function of the weight W
   Replacement the weight set to the tensor, the strength not applying (ComfyUI's "set")
 
 Every delta except DoRA's and OFT's is added as weight += strength * delta; DoRA at strength s
@@ -121,9 +125,36 @@ class Orthogonal:
         return 1.0
 
 
-Patch = LowRank | Difference | Hadamard | Kronecker | Decomposed | Orthogonal | Replacement
+@dataclass(frozen=True)
+class Butterfly:
+    """BOFT: `blocks` [m, k, n, n], m butterfly levels of k rotations of n rows each;
+    `constraint` as OFT's; `rescale` [rows, 1, ...] or None."""
+    blocks: str
+    constraint: float
+    rescale: str | None
+
+    @property
+    def scale(self) -> float:
+        return 1.0
+
+
+@dataclass(frozen=True)
+class Generalized:
+    """GLoRA: a1, a2, b1, b2 as the file names them; `old_layout`: LyCORIS's first (W a2 a1 +
+    b2 b1), decided from the shapes as ComfyUI decides it; scale = alpha / rank, else 1."""
+    a1: str
+    a2: str
+    b1: str
+    b2: str
+    old_layout: bool
+    rank: int
+    scale: float
+
+
+Patch = (LowRank | Difference | Hadamard | Kronecker | Decomposed | Orthogonal | Replacement
+         | Butterfly | Generalized)
 # patches that change a weight by a function of it rather than by a term added to it
-NOT_ADDITIVE = (Decomposed, Orthogonal, Replacement)
+NOT_ADDITIVE = (Decomposed, Orthogonal, Replacement, Butterfly, Generalized)
 
 
 def file_keys(patch: Patch) -> list[str]:
@@ -132,6 +163,10 @@ def file_keys(patch: Patch) -> list[str]:
         return [*file_keys(patch.inner), patch.magnitude]
     if isinstance(patch, Orthogonal):
         return [patch.blocks]
+    if isinstance(patch, Butterfly):
+        return [patch.blocks] + ([patch.rescale] if patch.rescale else [])
+    if isinstance(patch, Generalized):
+        return [patch.a1, patch.a2, patch.b1, patch.b2]
     names = {LowRank: ("up", "down"), Difference: ("key",), Replacement: ("key",),
              Hadamard: ("w1_a", "w1_b", "w2_a", "w2_b", "t1", "t2"),
              Kronecker: ("w1", "w1_a", "w1_b", "w2", "w2_a", "w2_b", "t2")}[type(patch)]
@@ -193,6 +228,10 @@ def add_(weight: torch.Tensor, patch: Patch, read: Read, strength: float) -> Non
         apply_oft_(weight, patch, read, strength)
     elif isinstance(patch, Replacement):
         weight.copy_(read(patch.key).to(**where).reshape(weight.shape))
+    elif isinstance(patch, Butterfly):
+        apply_boft_(weight, patch, read, strength)
+    elif isinstance(patch, Generalized):
+        weight.add_(glora_delta(weight, patch, read), alpha=strength * patch.scale)
     elif isinstance(patch, LowRank):
         up = read(patch.up).to(**where).flatten(1)
         down = read(patch.down).to(**where).flatten(1)
@@ -236,13 +275,57 @@ def apply_oft_(weight: torch.Tensor, patch: Orthogonal, read: Read, strength: fl
     Cayley transform (I + Q)(I - Q)^-1 of Q = B - B^T, Q scaled to the constraint's norm."""
     blocks = _f32(read, patch.blocks, weight.device)
     count, size, _ = blocks.shape
-    skew = blocks - blocks.transpose(1, 2)
-    if patch.constraint > 0:
-        norm = skew.norm() + 1e-8
-        if norm > patch.constraint:
-            skew = skew * (patch.constraint / norm)
+    rotation = _cayley(blocks, patch.constraint)
     eye = torch.eye(size, device=weight.device, dtype=torch.float32)
-    rotation = (eye + skew) @ torch.linalg.inv(eye - skew)
     turned = torch.einsum("k n m, k n ... -> k m ...", strength * rotation - strength * eye,
                           weight.view(count, size, *weight.shape[1:]))
     weight.add_(turned.reshape(weight.shape), alpha=strength)
+
+
+def _cayley(blocks: torch.Tensor, constraint: float) -> torch.Tensor:
+    """(I + Q)(I - Q)^-1 of Q = B - B^T over the last two dimensions, Q scaled down to the
+    constraint's Frobenius norm (over all blocks) when larger (OFT's and BOFT's rotations)."""
+    size = blocks.shape[-1]
+    skew = blocks - blocks.transpose(-1, -2)
+    if constraint > 0:
+        norm = skew.norm() + 1e-8
+        if norm > constraint:
+            skew = skew * (constraint / norm)
+    eye = torch.eye(size, device=blocks.device, dtype=torch.float32)
+    return (eye + skew) @ torch.linalg.inv(eye - skew)
+
+
+def apply_boft_(weight: torch.Tensor, patch: Butterfly, read: Read, strength: float) -> None:
+    """weight (float32) += strength * (B(W) - W): B the butterfly product of the levels'
+    rotations (each moved toward the identity by the strength when it is not 1), then the
+    rescale, as ComfyUI computes it (so strength enters twice)."""
+    blocks = _f32(read, patch.blocks, weight.device)
+    levels, _, size, _ = blocks.shape
+    rotations = _cayley(blocks, patch.constraint)
+    eye = torch.eye(size, device=weight.device, dtype=torch.float32)
+    turned, half = weight, size // 2
+    for level in range(levels):
+        rotation = rotations[level]
+        if strength != 1:
+            rotation = rotation * strength + (1 - strength) * eye
+        span = 2 ** level * half
+        turned = (turned.unflatten(0, (-1, 2, span)).transpose(1, 2).flatten(0, 2)
+                  .unflatten(0, (-1, size)))
+        turned = torch.einsum("b i j, b j ... -> b i ...", rotation, turned)
+        turned = turned.flatten(0, 1).unflatten(0, (-1, span, 2)).transpose(1, 2).flatten(0, 2)
+    if patch.rescale is not None:
+        turned = turned * _f32(read, patch.rescale, weight.device)
+    weight.add_(turned - weight, alpha=strength)
+
+
+def glora_delta(weight: torch.Tensor, patch: Generalized, read: Read) -> torch.Tensor:
+    a1, a2, b1, b2 = (_f32(read, k, weight.device).flatten(1)
+                      for k in (patch.a1, patch.a2, patch.b1, patch.b2))
+    if patch.old_layout:
+        return (b2 @ b1 + (weight.flatten(1) @ a2) @ a1).reshape(weight.shape)
+    if weight.dim() > 2:
+        turned = torch.einsum("o i ..., i j -> o j ...",
+                              torch.einsum("o i ..., i j -> o j ...", weight, a1), a2)
+    else:
+        turned = (weight @ a1) @ a2
+    return turned.reshape(weight.shape) + (b1 @ b2).reshape(weight.shape)

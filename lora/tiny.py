@@ -178,6 +178,42 @@ def random_oft(config: DiTConfig, seed: int, modules: list[str], block_size: int
     return content
 
 
+def random_boft(config: DiTConfig, seed: int, modules: list[str], levels: int = 2,
+                block_size: int = 8, constraint: float | None = None, rescale: bool = False,
+                magnitude: float = 0.05) -> LoraContent:
+    """BOFT blocks [levels, rows / block_size, block_size, block_size] (and a rescale per row)
+    on `modules`."""
+    shapes = dit_shapes(config)
+    gen = torch.Generator().manual_seed(seed)
+    content = LoraContent()
+    for module in modules:
+        shape = shapes[f"{module}.weight"]
+        rows = shape[0]
+        factors = {"oft_blocks": magnitude * torch.randn(levels, rows // block_size, block_size,
+                                                         block_size, generator=gen)}
+        if rescale:
+            factors["rescale"] = 1 + 0.1 * torch.randn(rows, *[1] * (len(shape) - 1),
+                                                       generator=gen)
+        content.factored[module] = (factors, constraint)
+    return content
+
+
+def random_glora(config: DiTConfig, seed: int, modules: list[str], rank: int = 4,
+                 alpha: float | None = None, magnitude: float = 0.05) -> LoraContent:
+    """GLoRA factors in its newer layout (W a1 a2 + b1 b2) on `modules`."""
+    shapes = dit_shapes(config)
+    gen = torch.Generator().manual_seed(seed)
+    content = LoraContent()
+    for module in modules:
+        out, into = shapes[f"{module}.weight"][:2]
+        factors = {"a1.weight": magnitude * torch.randn(into, rank, generator=gen),
+                   "a2.weight": torch.randn(rank, into, generator=gen) / rank ** 0.5,
+                   "b1.weight": magnitude * torch.randn(out, rank, generator=gen),
+                   "b2.weight": torch.randn(rank, into, generator=gen) / into ** 0.5}
+        content.factored[module] = (factors, alpha)
+    return content
+
+
 def add_dora(content: LoraContent, base: dict[str, torch.Tensor], seed: int,
              modules: list[str], style: str = "dora_scale", axis: str = "rows") -> LoraContent:
     """DoRA magnitudes for `modules` of `content`: the base weight's norms (per output row or,

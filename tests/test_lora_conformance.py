@@ -139,7 +139,7 @@ def test_the_reference_covers_every_format_and_several_strengths():
     assert files == {f"{n}.safetensors" for n in
                      ("kohya", "kohya_fun", "generic", "distill", "bare", "diffusers",
                       "lightx2v", "loha", "lokr", "lycoris", "dora", "peft_bias", "peft_dora",
-                      "oft", "set")}
+                      "oft", "set", "glora", "boft")}
     assert {spec["base"] for spec in CASES.values()} == {"base.safetensors",
                                                          "base_bf16.safetensors"}
     strengths = {s for spec in CASES.values() for _, s in spec["loras"]}

@@ -82,7 +82,7 @@ def test_ranks_per_layer_and_partial_coverage(tmp_path):
 
 @pytest.mark.parametrize("key, named", [
     ("lora_unet_blocks_0_ffn_0.oft_diag", "LyCORIS OFT in its first layout"),
-    ("diffusion_model.blocks.0.ffn.0.a1.weight", "GLoRA"),
+    ("diffusion_model.blocks.0.ffn.0.oft_R", "BOFT in its first layout"),
     ("diffusion_model.blocks.0.ffn.0.lora_mid.weight", "Tucker"),
     ("diffusion_model.blocks.0.ffn.0.reshape_weight", "a reshaping patch"),
 ])

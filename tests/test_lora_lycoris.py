@@ -416,7 +416,7 @@ def test_oft_in_unmerged_mode_is_merged_in_the_chains_order(files, tmp_path):
               r"rows: OFT blocks are \[k, n, n\] with k \* n = 512"),
     ("rescale", r"'lora_unet_blocks_0_ffn_0.rescale' is OFT's output rescaling, which ComfyUI "
                 r"leaves out when it merges OFT; refused rather than ignored"),
-    ("dora", r"'lora_unet_blocks_0_ffn_0.dora_scale' beside OFT blocks"),
+    ("dora", r"'lora_unet_blocks_0_ffn_0.dora_scale' beside OFT, BOFT or GLoRA factors"),
 ])
 def test_bad_oft_files_are_refused_by_name(tmp_path, change, message):
     from wan_enhanced.lora.tiny import random_oft
@@ -491,3 +491,73 @@ def test_a_sample_that_turns_non_finite_stops_the_run_at_that_step():
     with pytest.raises(NonFiniteSample, match="after step 2 of 4"):
         denoise(model, torch.randn(1, 4, 1, 2, 2), solver)
     assert len(calls) == 2
+
+
+# -- BOFT and GLoRA ----------------------------------------------------------------------------
+
+def test_boft_and_glora_change_the_weight_by_a_function_of_it_in_either_mode(files, tmp_path):
+    """BOFT (butterfly rotations) and GLoRA (W a1 a2 + b1 b2) depend on the weight: unmerged,
+    the layers they change are merged in the chain's order; the result equals the merged
+    chain."""
+    from wan_enhanced.lora.patches import Butterfly, Generalized
+    from wan_enhanced.lora.tiny import random_boft, random_glora
+
+    boft = write_lora(tmp_path / "boft.safetensors",
+                      random_boft(CONFIG, 9, BLOCK0[:2], levels=3, block_size=16, rescale=True),
+                      "generic")
+    glora = write_lora(tmp_path / "glora.safetensors",
+                       random_glora(CONFIG, 10, BLOCK0[2:4], rank=4, alpha=2.0), "kohya")
+    with open_lora(boft, SHAPES) as lora:
+        assert {type(p) for p in lora.patches.values()} == {Butterfly}
+        assert "2 BOFT" in lora.summary()
+    with open_lora(glora, SHAPES) as lora:
+        patch = lora.patches[f"{BLOCK0[2]}.weight"]
+        assert isinstance(patch, Generalized) and not patch.old_layout
+        assert patch.scale == 2.0 / 4
+    chain = [("lokr", 0.5), (boft, 0.8), (glora, 1.0), ("loha", 0.6)]
+    handle = load_model(files["base"], "fp32", "sdpa")
+    for name, strength in chain:
+        handle = with_lora(handle, files.get(name, name), strength, "unmerged")
+    expected = merged_state(files["base"], [(files.get(n, n), s) for n, s in chain])(*inputs())
+    assert relative(forward(handle), expected) < 1e-5
+    wrapped = set(wrappers(handle.model))
+    assert not wrapped & set(BLOCK0[:4])  # what BOFT and GLoRA change: merged, LoHa's too
+    assert wrapped == set(BLOCK1)  # LoKr's terms apart
+
+
+def test_boft_without_an_alpha_applies_unconstrained(files, tmp_path):
+    """ComfyUI fails on a BOFT module without an alpha (it compares None with 0) and leaves it
+    out; here no alpha means no constraint, as in OFT."""
+    from wan_enhanced.lora.tiny import random_boft
+
+    path = write_lora(tmp_path / "boft.safetensors",
+                      random_boft(CONFIG, 11, [BLOCK0[0]], levels=2, block_size=16), "generic")
+    zero = write_lora(tmp_path / "boft0.safetensors",
+                      random_boft(CONFIG, 11, [BLOCK0[0]], levels=2, block_size=16,
+                                  constraint=0.0), "generic")
+    key = f"{BLOCK0[0]}.weight"
+    a = merged_state(files["base"], [(path, 1.0)]).state_dict()[key]
+    b = merged_state(files["base"], [(zero, 1.0)]).state_dict()[key]
+    base = load_dit(files["base"], torch.float32)[0].state_dict()[key]
+    assert torch.equal(a, b) and not torch.equal(a, base)
+
+
+@pytest.mark.parametrize("change, message", [
+    ("boft", r"BOFT blocks are \[m, k, n, n\] with n even, k \* n = 256"),
+    ("glora", r"the GLoRA factors of blocks.0.self_attn.q.weight .* do not make its shape "
+              r"\[256, 256\]"),
+])
+def test_boft_and_glora_factors_that_do_not_fit_are_refused(tmp_path, change, message):
+    from wan_enhanced.lora.tiny import random_boft, random_glora
+
+    if change == "boft":
+        state = lora_state(random_boft(CONFIG, 12, ["blocks.0.self_attn.q"], levels=2,
+                                       block_size=16), "generic")
+        state["diffusion_model.blocks.0.self_attn.q.oft_blocks"] = torch.zeros(2, 8, 16, 16)
+    else:
+        state = lora_state(random_glora(CONFIG, 13, ["blocks.0.self_attn.q"], rank=4), "generic")
+        state["diffusion_model.blocks.0.self_attn.q.b1.weight"] = torch.zeros(200, 4)
+    path = tmp_path / "bad.safetensors"
+    save_file(state, str(path))
+    with pytest.raises(LoraError, match=message):
+        open_lora(path, SHAPES)

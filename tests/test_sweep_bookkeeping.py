@@ -103,11 +103,11 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def test_a_video_that_was_not_finished_is_made_again(sweep, tmp_path):
+def run_killed_while_encoding(sweep, tmp_path, out, results) -> None:
+    """The sweep in a process killed (kill -9) in its first job's video encode."""
     import subprocess
     import sys
 
-    results, out = tmp_path / "results.jsonl", tmp_path / "out"
     workflow, values, models = sweep
     script = tmp_path / "killed.py"
     script.write_text(KILLED_WHILE_ENCODING)
@@ -116,6 +116,11 @@ def test_a_video_that_was_not_finished_is_made_again(sweep, tmp_path):
                            str(values), "--models", str(models), "--out", str(out),
                            "--results", str(results), "--quiet"], env=env, capture_output=True)
     assert done.returncode == 9, done.stderr
+
+
+def test_a_video_that_was_not_finished_is_made_again(sweep, tmp_path):
+    results, out = tmp_path / "results.jsonl", tmp_path / "out"
+    run_killed_while_encoding(sweep, tmp_path, out, results)
     assert videos(out) == [] and [r["status"] for r in ResultsLog(results).records] == ["writing"]
     assert run_sweep(sweep, out, results) == 0
     assert len(videos(out)) == 2
@@ -207,20 +212,10 @@ def test_a_recorded_name_holding_another_runs_video_is_not_recovered(sweep, tmp_
     another run into the folder then takes that number (the dead writer's claim is cleaned).
     The rerun sees the file there does not carry the job's token and runs the job again,
     instead of recording the other run's video as the job's."""
-    import subprocess
-    import sys
-
     from wan_enhanced.nodes.video import WanSaveVideo
 
     results, out = tmp_path / "results.jsonl", tmp_path / "out"
-    workflow, values, models = sweep
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_WHILE_ENCODING)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, str(script), "run", str(workflow), "--sweep",
-                           str(values), "--models", str(models), "--out", str(out),
-                           "--results", str(results), "--quiet"], env=env, capture_output=True)
-    assert done.returncode == 9, done.stderr
+    run_killed_while_encoding(sweep, tmp_path, out, results)
     (line,) = ResultsLog(results).records
     assert line["status"] == "writing" and line["token"]
     recorded = Path(line["file"])

@@ -21,8 +21,10 @@ from ..wan.configs import TEMPORAL_STRIDE
 from ..safe_paths import UnsafePathError, folder_problem, path_inside
 
 # Every Wan model's width and height divide by 16 pixels; TI2V-5B's by 32 (known only once the
-# model is known: the latent node checks it again when it runs).
+# model is known: the latent node checks it again when it runs). A size suggested before the
+# model is known is a multiple of the largest, so that every model takes it.
 SMALLEST_PIXEL_STRIDE = 16
+LARGEST_PIXEL_STRIDE = 32
 
 
 def verdict(problems: Iterable[str | None]) -> bool | str:
@@ -108,6 +110,6 @@ def video_memory_problem(width, height, frames, batch) -> str | None:
     available, have = guard.machine_memory()
     problem = guard.refusal_or_none(
         "the decoded video (float32 frames in CPU memory) with its latent", size,
-        SMALLEST_PIXEL_STRIDE, lambda s: guard.frames_bytes(s) + guard.smallest_latent_bytes(s),
+        LARGEST_PIXEL_STRIDE, lambda s: guard.frames_bytes(s) + guard.smallest_latent_bytes(s),
         available, have)
     return f"frames: {problem}" if problem else None

@@ -135,3 +135,18 @@ def test_untiled_gpu_decode_is_checked_against_free_device_memory(monkeypatch):
                                                   "with 5 frames; or mode auto"):
         guard.check_untiled_decode(Cost(), size, 16, torch.device("cuda"))
     guard.check_untiled_decode(Cost(), size, 16, torch.device("cpu"))  # no device limit
+
+
+def test_the_size_suggested_before_the_model_is_known_suits_every_model(monkeypatch):
+    """Validation does not know the model yet: a suggested frame size is a multiple of 32, which
+    TI2V-5B takes too (a multiple of 16 only was refused by it when the run started)."""
+    import re
+
+    from wan_enhanced.nodes.checks import video_memory_problem
+
+    need = guard.frames_bytes(guard.VideoSize(640, 640, 121, 1)) + \
+        guard.smallest_latent_bytes(guard.VideoSize(640, 640, 121, 1))
+    monkeypatch.setattr(guard, "machine_memory", lambda: (need, "a small machine"))
+    problem = video_memory_problem(1280, 704, 121, 1)
+    sizes = [(int(w), int(h)) for w, h in re.findall(r"(\d+)x(\d+) with 121 frames", problem)]
+    assert sizes and all(w % 32 == 0 and h % 32 == 0 for w, h in sizes), problem

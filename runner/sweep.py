@@ -159,7 +159,8 @@ def job_key(workflow: Mapping, scope: str = "") -> str:
         essence = {"workflow": essence, "scope": scope}
     text = json.dumps(essence, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
                       default=repr)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    # a lone surrogate (a JSON escape of half a character) has no UTF-8: kept as its code unit
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 # -- the results file --------------------------------------------------------------------------
@@ -220,6 +221,10 @@ class ResultsLog:
 
     def append(self, record: dict) -> None:
         line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: escaped, as JSON allows
+            line = json.dumps(record, ensure_ascii=True, default=str) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "ab") as f:
             if f.tell() > 0 and not self._ends_with_newline():

@@ -262,3 +262,18 @@ def test_a_finished_video_never_replaces_a_file_it_did_not_write(tmp_path):
         save_mp4(torch.zeros(2, 16, 16, 3), target, 8, replace=False)
     assert target.read_bytes() == b"someone else's video"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.mp4"]  # no partial left
+
+
+def test_a_lone_surrogate_in_a_workflow_runs_and_is_recorded(sweep, tmp_path):
+    """A JSON escape of half a character ("\\ud800") in a prompt: ComfyUI runs such a workflow;
+    the sweep's job key and results line used to fail on it (UnicodeEncodeError, rc 1)."""
+    workflow_path, values, models = sweep
+    workflow = json.loads(workflow_path.read_text())
+    workflow["4"]["inputs"]["positive"] = "a fox \ud800 in the snow"
+    workflow_path.write_text(json.dumps(workflow))  # written escaped, as a browser sends it
+    results, out = tmp_path / "results.jsonl", tmp_path / "out"
+    assert run_sweep(sweep, out, results) == 0
+    records = [r for r in ResultsLog(results).records if r["status"] == "success"]
+    assert len(records) == 2 and len(videos(out)) == 2
+    assert run_sweep(sweep, out, results) == 0  # the keys are stable: nothing runs again
+    assert len(videos(out)) == 2

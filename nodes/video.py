@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import host
-from ..pipeline.video_io import claim_output_path, save_mp4, video_name_problem
+from ..pipeline.video_io import (claim_output_path, expand_filename_variables, save_mp4,
+                                 video_name_problem)
 from .checks import constant_problems, output_file_problem, verdict
 from .common import CATEGORY, memory_event, node_errors
 
@@ -15,7 +16,10 @@ class WanSaveVideo:
     def INPUT_TYPES(cls):
         return {"required": {
             "images": ("IMAGE",),
-            "filename_prefix": ("STRING", {"default": "wan/video"}),
+            "filename_prefix": ("STRING", {"default": "wan/video", "tooltip": (
+                "the video's name before its number, inside the output folder; ComfyUI's "
+                "variables are expanded: %width%, %height%, %year%, %month%, %day%, %hour%, "
+                "%minute%, %second%")}),
             "fps": ("FLOAT", {"default": 16.0, "min": 1.0, "max": 120.0, "step": 1.0}),
             "crf": ("INT", {"default": 19, "min": 0, "max": 51,
                             "tooltip": "H.264 quality: lower is better, 17-23 is typical"}),
@@ -37,7 +41,9 @@ class WanSaveVideo:
     def save(self, images, filename_prefix, fps, crf, unique_id=None):
         root = host.output_directory()
         with node_errors(self.DISPLAY):
-            claimed = claim_output_path(root, filename_prefix)  # no other writer takes it
+            height, width = (images.shape[1], images.shape[2]) if images.dim() == 4 else (0, 0)
+            prefix = expand_filename_variables(filename_prefix, width, height)
+            claimed = claim_output_path(root, prefix)  # no other writer takes it
             try:
                 path = claimed.path
                 # recorded before it exists (sweeps), with the token the file will carry

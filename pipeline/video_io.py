@@ -17,6 +17,7 @@ import functools
 import os
 import re
 import threading
+import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -119,6 +120,24 @@ def next_output_path(folder: str | Path, prefix: str, ext: str = ".mp4") -> Path
         numbered = re.compile(rf"^\.?{re.escape(name)}_(\d{{5,}})_?\.")
         used = [int(match.group(1)) for match in map(numbered.match, names) if match]
         return target / f"{name}_{max(used, default=0) + 1:05d}{ext}"
+
+
+def expand_filename_variables(prefix: str, width: int, height: int,
+                              now: time.struct_time | None = None) -> str:
+    """ComfyUI's filename variables, expanded as its savers expand them: %width% and %height%
+    of the frames, %year%, %month%, %day%, %hour%, %minute%, %second% of the local time (two
+    digits but the year). (%date:...% and %Node.widget% are the editor's: it expands them before
+    a prompt is sent.)"""
+    if "%" not in prefix:
+        return prefix
+    now = now or time.localtime()
+    values = {"width": width, "height": height, "year": now.tm_year,
+              "month": f"{now.tm_mon:02d}", "day": f"{now.tm_mday:02d}",
+              "hour": f"{now.tm_hour:02d}", "minute": f"{now.tm_min:02d}",
+              "second": f"{now.tm_sec:02d}"}
+    for name, value in values.items():
+        prefix = prefix.replace(f"%{name}%", str(value))
+    return prefix
 
 
 CLAIM_ATTEMPTS = 1000

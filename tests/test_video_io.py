@@ -235,3 +235,24 @@ def test_frames_made_under_inference_mode_are_written(tmp_path):
     with torch.inference_mode():
         again = save_mp4(list(frames), tmp_path / "frames.mp4", fps=8)
     assert path.read_bytes() == again.read_bytes()
+
+
+def test_comfyuis_filename_variables_are_expanded_as_its_savers_do(tmp_path):
+    import time
+
+    from wan_enhanced import host
+    from wan_enhanced.nodes.video import WanSaveVideo
+    from wan_enhanced.pipeline.video_io import expand_filename_variables
+
+    moment = time.struct_time((2026, 3, 7, 9, 5, 2, 5, 66, 0))
+    assert expand_filename_variables("wan/%year%-%month%-%day%/%hour%%minute%%second%_%width%x"
+                                     "%height%", 1280, 704, moment) == \
+        "wan/2026-03-07/090502_1280x704"
+    assert expand_filename_variables("plain/name", 1, 2, moment) == "plain/name"
+    assert expand_filename_variables("%unknown%", 1, 2, moment) == "%unknown%"
+    host.set_headless_folders(output=tmp_path)
+    try:
+        WanSaveVideo().save(torch.zeros(2, 24, 40, 3), "clips/%width%x%height%", 8.0, 23)
+    finally:
+        host.set_headless_folders(output="output")
+    assert [p.name for p in (tmp_path / "clips").iterdir()] == ["40x24_00001.mp4"]

@@ -76,10 +76,11 @@ def _encode(handle: WanTextEncoderHandle, ids: torch.Tensor, mask: torch.Tensor,
 
 
 def _with_progress(blocks, total: int, label: str = "Wan Text Encode"):
-    """The blocks, with a progress update (and, inside ComfyUI, an interrupt check) after each:
-    a CPU encode of the full umT5 takes minutes."""
+    """The blocks, with a progress update and an interrupt check (ComfyUI's, or the command
+    line's Ctrl-C / SIGTERM) before each: a CPU encode of the full umT5 takes minutes."""
     progress = host.Progress(total, label)
     for index, block in enumerate(blocks, 1):
+        host.check_interrupt()
         yield block
         progress.update_to(index)
 

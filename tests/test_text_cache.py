@@ -84,3 +84,29 @@ def test_an_interrupted_encoding_caches_nothing(encoder, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         encode_prompts(encoder, ["never finished"])
     assert cached_prompts(encoder) == 0
+
+
+def test_a_stop_asked_during_the_encode_stops_it_between_blocks(encoder, counted):
+    """Headless Ctrl-C / SIGTERM (host.request_interrupt) during a text encode: it stops at the
+    next block (minutes of a CPU encode were not interruptible), and nothing is cached."""
+    from wan_enhanced import host
+
+    seen = []
+    real = host.Progress.update_to
+
+    def update_to(progress, value):
+        seen.append(value)
+        real(progress, value)
+        if value == 1:
+            host.request_interrupt()
+
+    import unittest.mock
+    with unittest.mock.patch.object(host.Progress, "update_to", update_to):
+        try:
+            with pytest.raises(host.Interrupted):
+                encode_prompts(encoder, ["a red fox"])
+        finally:
+            host.clear_interrupt()
+    assert seen == [1]  # stopped before the second block
+    assert cached_prompts(encoder) == 0
+    assert encode_prompts(encoder, ["a red fox"])[0].shape[1] == 512  # usable after

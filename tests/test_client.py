@@ -223,6 +223,9 @@ class FakeComfyUI:
                                  daemon=True).start()
 
             def websocket(self, client_id: str):
+                # the outbox exists before the handshake's answer, so a prompt the client
+                # posts right after it always finds it
+                outbox = server.sockets.setdefault(client_id, queue.Queue())
                 key = self.headers["Sec-WebSocket-Key"]
                 accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest())
                 self.send_response(101, "Switching Protocols")
@@ -231,7 +234,6 @@ class FakeComfyUI:
                 self.send_header("Sec-WebSocket-Accept", accept.decode())
                 self.end_headers()
                 self.wfile.flush()
-                outbox = server.sockets.setdefault(client_id, queue.Queue())
                 try:
                     self.serve_websocket(client_id, outbox)
                 except ConnectionError:  # the client hung up first (a cancelled run): no error

@@ -78,8 +78,7 @@ class SafetensorsSource(TensorSource):
                 part = self._file.get_slice(key)
                 self._info[key] = (tuple(part.get_shape()), part.get_dtype())
         except Exception as exc:  # the library raises its own error type for damaged files
-            raise CheckpointError(
-                f"{path}: not a readable safetensors file (truncated or corrupt?): {exc}") from exc
+            raise CheckpointError(f"{path}: {_not_safetensors(path, exc)}") from exc
 
     def keys(self):
         return self._keys
@@ -105,6 +104,49 @@ class SafetensorsSource(TensorSource):
 
     def close(self):
         self._file = None
+
+
+# What a file named .safetensors holds when it is another format, by its first bytes.
+_OTHER_FORMATS = (
+    (b"PK\x03\x04", "a zip archive (the form torch.save writes), not safetensors: a PyTorch "
+                     "checkpoint renamed .safetensors; give it its .pt/.pth name and it is read "
+                     "with torch.load(weights_only=True)"),
+    (b"GGUF", "a GGUF file, not safetensors: GGUF models are loaded by a GGUF loader node "
+              "(ComfyUI-GGUF), not by this package"),
+    (b"version https://git-lfs", "a Git LFS pointer (a small text file), not the model: fetch "
+                                 "the real file with `git lfs pull`"),
+)
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
+def _not_safetensors(path: Path, error: Exception) -> str:
+    """Why the safetensors reader refused the file: what it holds instead, where its first
+    bytes tell, else the reader's own message."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+    except OSError as exc:
+        return f"cannot be read ({exc})"
+    if not head:
+        return "the file is empty (0 bytes): an interrupted download or copy?"
+    for magic, what in _OTHER_FORMATS:
+        if head.startswith(magic):
+            return f"the file is {what}"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return ("the file is a Python pickle (an old-style PyTorch .pt/.ckpt/.bin checkpoint) "
+                "renamed .safetensors, not safetensors; give it its .pt/.ckpt name and it is read "
+                "with torch.load(weights_only=True)")
+    if head.lstrip()[:1] == b"<":
+        return ("the file is an HTML or XML page, not safetensors: a download that saved an "
+                "error or login page instead of the model?")
+    return f"not a readable safetensors file (truncated or corrupt?): {error}"
 
 
 class ShardedSource(TensorSource):
@@ -160,7 +202,9 @@ class TorchFileSource(TensorSource):
     def __init__(self, path: Path):
         self.path = path
         try:
-            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            # mapped where the file allows it (the zip form); the legacy pickle form is read
+            mapped = _starts_with(path, b"PK\x03\x04")
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mapped)
         except pickle.UnpicklingError as exc:
             raise CheckpointError(
                 f"{path}: refused to load: the file needs arbitrary code to unpickle, which is "

@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 from wan_enhanced.checkpoints import tiny
 from wan_enhanced.checkpoints.loader import (inspect_checkpoint, load_dit, load_text_encoder,
                                              load_vae, prepare)
-from wan_enhanced.checkpoints.reader import CheckpointError, SafetensorsSource, TensorSource
+from wan_enhanced.checkpoints.reader import (CheckpointError, SafetensorsSource, TensorSource,
+                                             open_checkpoint)
 from wan_enhanced.wan.configs import DiTConfig
 
 MANIFESTS = json.loads((Path(__file__).parent / "data" / "key_manifests.json").read_text())
@@ -175,6 +176,35 @@ def test_garbage_file(tmp_path):
     path.write_bytes(b"this is not a checkpoint at all")
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
         load_vae(path)
+
+
+@pytest.mark.parametrize("form, expected", [
+    ("zip", r"zip archive .*torch\.save.*give it its \.pt/\.pth name"),
+    ("pickle", r"Python pickle .*give it its \.pt/\.ckpt name"),
+    ("gguf", r"GGUF file.*GGUF loader"),
+    ("lfs", r"Git LFS pointer"),
+    ("html", r"HTML or XML page"),
+    ("empty", r"empty \(0 bytes\)"),
+])
+def test_another_format_named_safetensors_is_named_for_what_it_is(tmp_path, form, expected):
+    path = tmp_path / "m.safetensors"
+    state = {"w": torch.ones(2)}
+    if form == "zip":
+        torch.save(state, path)
+    elif form == "pickle":
+        torch.save(state, path, _use_new_zipfile_serialization=False)
+    else:
+        path.write_bytes({"gguf": b"GGUF\x03\x00\x00\x00" + bytes(32),
+                          "lfs": b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\n",
+                          "html": b"<!DOCTYPE html><html><body>Sign in</body></html>",
+                          "empty": b""}[form])
+    with pytest.raises(CheckpointError, match=r"m\.safetensors: the file is (an? )?" + expected) as err:
+        open_checkpoint(path)
+    assert "truncated or corrupt" not in str(err.value)
+    if form in ("zip", "pickle"):  # renamed as the message says, the same file is read
+        renamed = path.rename(tmp_path / "m.pt")
+        with open_checkpoint(renamed) as source:
+            assert torch.equal(source.read("w"), state["w"])
 
 
 def test_vae_given_to_the_model_loader(tmp_path):

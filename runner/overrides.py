@@ -4,7 +4,8 @@ NODE is a node id, a class_type or a `_meta.title` (case-insensitive when nothin
 exactly); a class_type or title shared by several nodes is an error that lists them. INPUT is
 split off at the last dot, so titles may contain dots ("Wan 2.2 sampler.steps"). VALUE is parsed
 by the input's declared type: INT, FLOAT, BOOLEAN (true/false), STRING (taken as written), a
-combo (must be one of its choices); an input of type "*" takes JSON when VALUE parses as JSON,
+combo (one of its choices; any text where the node checks that input itself, as a loader does,
+which takes a path outside the listing just as in the workflow's JSON); an input of type "*" takes JSON when VALUE parses as JSON,
 otherwise the text. Setting an input that is currently linked replaces the link with the value.
 Ranges (min/max) are left to validation, which reports every problem at once.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .workflow import (ANY_TYPE, CONSTANT_TYPES, Registry, describe_choices, describe_type,
-                       input_spec, node_title)
+                       input_spec, node_title, validate_inputs_parameters)
 
 
 class OverrideError(ValueError):
@@ -29,6 +30,7 @@ class Target:
     node_id: str
     input_name: str
     input_type: Any
+    node_checks: bool = False  # the node's VALIDATE_INPUTS checks it (ComfyUI's choices do not)
 
     def __str__(self) -> str:
         return f"{self.node_id}.{self.input_name}"
@@ -50,7 +52,7 @@ def apply_overrides(workflow: Mapping, assignments: list[str], registry: Registr
         path, raw = parse_assignment(text)
         target = resolve_path(result, path, registry)
         try:
-            value = parse_value(target.input_type, raw)
+            value = parse_value(target.input_type, raw, target.node_checks)
         except OverrideError as exc:
             raise OverrideError(f"--set {text!r}: {exc}") from None
         set_input(result, target, value)
@@ -105,14 +107,17 @@ def resolve_input(workflow: Mapping, node_id: str, input_name: str,
     if isinstance(input_type, str) and input_type not in CONSTANT_TYPES + (ANY_TYPE,):
         raise OverrideError(f"input {input_name!r} of node {_describe(workflow, node_id)} takes "
                             f"a link ({input_type}), not a value")
-    return Target(node_id, input_name, input_type)
+    names, takes_all = validate_inputs_parameters(getattr(cls, "VALIDATE_INPUTS", None))
+    return Target(node_id, input_name, input_type, takes_all or input_name in names)
 
 
-def parse_value(input_type: Any, raw: Any) -> Any:
+def parse_value(input_type: Any, raw: Any, node_checks: bool = False) -> Any:
     """A value for an input of `input_type`, from command-line text (or a JSON value from a
-    sweep file, which is kept when it already has a fitting type)."""
+    sweep file, which is kept when it already has a fitting type). `node_checks`: the node's
+    own VALIDATE_INPUTS judges the input, so a combo takes text outside its choices (validation
+    decides, as for the same value in the workflow)."""
     if isinstance(input_type, (list, tuple)):
-        return _combo_member(input_type, raw)
+        return _combo_member(input_type, raw, node_checks)
     if not isinstance(raw, str):
         return raw  # typed JSON from a sweep file: validation checks it
     if input_type == "STRING":
@@ -140,13 +145,15 @@ def parse_value(input_type: Any, raw: Any) -> Any:
     raise OverrideError(f"cannot set an input of type {input_type}")
 
 
-def _combo_member(choices, raw: Any) -> Any:
+def _combo_member(choices, raw: Any, node_checks: bool = False) -> Any:
     if raw in choices:
         return raw
     if isinstance(raw, str):  # numeric combos ([8, 16, 32]) given as text
         for choice in choices:
             if not isinstance(choice, str) and str(choice) == raw.strip():
                 return choice
+        if node_checks:
+            return raw
     raise OverrideError(f"{raw!r} is not one of the choices: {describe_choices(choices)}")
 
 

@@ -145,7 +145,7 @@ def _declares(registry: Registry, node: Any, name: str, wanted_type: str) -> boo
 
 def _typed(key: str, target: Target, value: Any) -> Any:
     try:
-        return parse_value(target.input_type, value)
+        return parse_value(target.input_type, value, target.node_checks)
     except OverrideError as exc:
         raise SweepError(f"sweep key {key!r}, value {value!r}: {exc}") from None
 

@@ -213,7 +213,7 @@ def _check_inputs(node_id: str, nodes: dict, registry: Registry,
     optional = dict(declared.get("optional") or {})
     hidden = dict(declared.get("hidden") or {})
     validator = getattr(cls, "VALIDATE_INPUTS", None)
-    custom_names, custom_takes_all = _parameters(validator)
+    custom_names, custom_takes_all = validate_inputs_parameters(validator)
     inputs = node["inputs"]
     node_errors_before = len(errors)
     received_types: dict[str, Any] = {}
@@ -454,7 +454,7 @@ def input_spec(spec: Any) -> tuple[Any, Mapping]:
     return input_type, options
 
 
-def _parameters(function) -> tuple[list[str], bool]:
+def validate_inputs_parameters(function) -> tuple[list[str], bool]:
     """Named parameters of VALIDATE_INPUTS and whether it takes **kwargs."""
     if function is None:
         return [], False

@@ -963,3 +963,29 @@ def test_cuda_peak_includes_the_peaks_the_event_log_recorded(monkeypatch):
     events.record_event("between runs", stage="test")
     if not torch.cuda.is_available():
         assert run_workflow(workflow, {**REGISTRY, "RecordsEvent": AddInts}).peak.allocated is None
+
+
+def test_set_takes_an_absolute_model_path_as_the_workflow_json_does(tmp_path):
+    """A loader checks its file itself (ComfyUI's choice check is off for it): --set takes the
+    path the same JSON takes, and the loader's check judges both alike."""
+    from wan_enhanced.checkpoints import tiny
+    from wan_enhanced.runner.headless_nodes import local_registry
+
+    registry = local_registry()
+    model = tiny.write_dit(tmp_path / "elsewhere" / "dit.safetensors", tiny.TINY_DIT["t2v"],
+                           "comfy")
+    probe = node("WanEnhancedMemoryProbe", value=["1", 0], label="loaded")  # an output
+    workflow = {"1": node("WanEnhancedModelLoader", model_name="x.safetensors",
+                          weight_dtype="auto", attention="auto"), "2": probe}
+    set_ = apply_overrides(workflow, [f"1.model_name={model}"], registry)
+    written = {"1": node("WanEnhancedModelLoader", model_name=str(model), weight_dtype="auto",
+                         attention="auto"), "2": probe}
+    assert set_ == written
+    validate(set_, registry)  # the file exists: accepted, as the same JSON is
+    validate(written, registry)
+    missing = apply_overrides(workflow, [f"1.model_name={tmp_path / 'none.safetensors'}"],
+                              registry)
+    with pytest.raises(WorkflowError, match=r'input "model_name".*none\.safetensors'):
+        validate(missing, registry)
+    with pytest.raises(OverrideError, match="'bf17' is not one of the choices"):
+        apply_overrides(workflow, ["1.weight_dtype=bf17"], registry)  # ComfyUI's own check

@@ -26,6 +26,11 @@ VAE_NAMES = {kind: spec.name for kind, spec in VAES.items()}
 PASS_THROUGH = {"WanEnhancedMemoryProbe": "value", "WanEnhancedLoRALoader": "model"}
 LATENT_MAKERS = ("WanEnhancedEmptyLatent", "WanEnhancedImageToVideoLatent")
 MAX_HOPS = 64
+# The classes whose inputs these checks read; an input of any other node is judged by its own
+# checks alone (what lets a sweep check its seeds one by one: sweep_checks.py).
+READ_CLASSES = frozenset({"WanEnhancedModelLoader", "WanEnhancedVAELoader",
+                          "WanEnhancedTiledDecode", "WanEnhancedLoRALoader", *LATENT_MAKERS,
+                          *PASS_THROUGH})
 
 
 def check_graph(nodes: Mapping[str, dict], registry: Registry, order: list[str]) -> list[Issue]:

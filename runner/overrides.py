@@ -5,9 +5,10 @@ exactly); a class_type or title shared by several nodes is an error that lists t
 split off at the last dot, so titles may contain dots ("Wan 2.2 sampler.steps"). VALUE is parsed
 by the input's declared type: INT, FLOAT, BOOLEAN (true/false), STRING (taken as written), a
 combo (one of its choices; any text where the node checks that input itself, as a loader does,
-which takes a path outside the listing just as in the workflow's JSON); an input of type "*" takes JSON when VALUE parses as JSON,
-otherwise the text. Setting an input that is currently linked replaces the link with the value.
-Ranges (min/max) are left to validation, which reports every problem at once.
+which takes a path outside the listing just as in the workflow's JSON); an input of type "*"
+takes JSON when VALUE parses as JSON, otherwise the text. Setting an input that is currently
+linked replaces the link with the value. Ranges (min/max) are left to validation, which reports
+every problem at once.
 """
 
 from __future__ import annotations

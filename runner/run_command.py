@@ -23,16 +23,17 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Mapping, TextIO
+from typing import Iterable, Mapping, Sequence, TextIO
 
 from .. import host
 from .client import (Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError)
 from .stop_signals import FirstStopRaises, StopSignals, signal_name
-from .executor import RunError, RunEvent, RunInterrupted, check_supported, execute
+from .executor import RunError, RunEvent, RunInterrupted, execute
 from .server_pool import run_on_servers, server_urls
 from .overrides import OverrideError, apply_overrides
-from .sweep import (ResultsLog, SweepError, SweepJob, expand_sweep, job_key, job_scope,
+from .sweep import (ResultsLog, Sweep, SweepError, SweepJob, expand_sweep, job_key, job_scope,
                     load_sweep, result_record)
+from .sweep_checks import SweepVerdict, check_job, check_sweep
 from .workflow import WorkflowError, load_workflow, validate
 
 OK, FAILED, INVALID = 0, 1, 2
@@ -123,18 +124,20 @@ def run(args) -> int:
         for warning in results.warnings:
             print(f"warning: {warning}", file=err)
         done = results.succeeded()
-        pending = [job for job in jobs if job.job_key not in done]
-        if len(pending) < len(jobs):
-            print(f"{len(jobs) - len(pending)} of {len(jobs)} job(s) already succeeded in "
-                  f"{results.path}; skipping them", file=err)
+        skipped = sum(1 for job in jobs if job.job_key in done) if done else 0
+        if skipped:
+            print(f"{skipped} of {len(jobs)} job(s) already succeeded in {results.path}; "
+                  "skipping them", file=err)
     else:
-        pending = jobs
+        done, skipped = set(), 0
+    # built one at a time as they run: a sweep of 10^5 jobs never holds them all
+    pending = (job for job in jobs if job.job_key not in done)
 
     display = ProgressDisplay(err, enabled=not args.quiet)
     if pool is not None:
-        return run_on_servers(pool, pending, len(jobs), args.out, results)
+        return run_on_servers(pool, pending, len(jobs) - skipped, len(jobs), args.out, results)
     if client is None:
-        return _run_here(pending, len(jobs), args, registry, results, display)
+        return _run_here(jobs, pending, args, registry, results, display)
     try:
         return _run_on_server(client, pending, len(jobs), args, results, display)
     except KeyboardInterrupt:  # a signal the runner's handler did not take
@@ -150,7 +153,7 @@ def _local_registry() -> Mapping[str, type]:
     return local_registry()
 
 
-def _jobs(workflow: dict, args, registry) -> list[SweepJob]:
+def _jobs(workflow: dict, args, registry) -> Sequence[SweepJob]:
     if args.sweep:
         return expand_sweep(workflow, load_sweep(args.sweep), registry, _scope(args))
     return [SweepJob(1, {}, workflow, job_key(workflow, _scope(args)))]
@@ -178,50 +181,60 @@ def _job_header(job: SweepJob, total: int) -> str | None:
 
 # -- in this process ---------------------------------------------------------------------------
 
-def _run_here(jobs: list[SweepJob], total: int, args, registry, results: ResultsLog | None,
-              display: "ProgressDisplay") -> int:
+def _run_here(jobs: Sequence[SweepJob], pending: Iterable[SweepJob], args, registry,
+              results: ResultsLog | None, display: "ProgressDisplay") -> int:
+    """Every job is checked before the first one runs (sweep_checks.py: without validating
+    each job of a large sweep); each is validated again just before it runs."""
     err = sys.stderr
-    validated, seen, invalid = {}, set(), 0
-    for job in jobs:  # every job is checked before the first one runs
+    total = len(jobs)
+    if isinstance(jobs, Sweep):
+        verdict = check_sweep(jobs, registry, source=args.workflow)
+    else:
+        verdict = SweepVerdict()
         try:
-            validated[job.index] = validate(job.workflow, registry, source=args.workflow)
-            check_supported(validated[job.index], registry)
+            verdict.first = check_job(jobs[0], registry, args.workflow)
         except WorkflowError as exc:
-            invalid += 1
-            fresh = [str(issue) for issue in exc.errors if str(issue) not in seen]
-            seen.update(fresh)
-            header = _job_header(job, total)
-            if not header:
-                print(exc, file=err)
-            elif fresh:  # a sweep: each problem once, under the first job that has it
-                print(header + "\n" + "\n".join(f"  - {line}" for line in fresh), file=err)
-    if invalid:
-        if total > 1:
-            print(f"{invalid} of {len(jobs)} job(s) are invalid; nothing ran", file=err)
+            print(exc, file=err)
+            return INVALID
+    if verdict.invalid:
+        for job, problems in verdict.reports:  # each problem once, under the first job with it
+            print(_job_header(job, total) + "\n" + "\n".join(f"  - {line}" for line in problems),
+                  file=err)
+        print(f"{verdict.invalid} of {total} job(s) are invalid; nothing ran", file=err)
         return INVALID
-    if jobs:
-        for warning in validated[jobs[0].index].warnings:
-            print(f"warning: {warning}", file=err)
-    if results is not None:
-        jobs = [job for job in jobs if not _recovered(job, validated[job.index], results, total)]
+    for warning in verdict.first.warnings if verdict.first is not None else ():
+        print(f"warning: {warning}", file=err)
 
     stop = _StopRequest()
     try:
         with stop.installed():
-            return _run_jobs_here(jobs, total, validated, registry, results, display, stop)
+            return _run_jobs_here(pending, total, args.workflow, registry, results, display,
+                                  stop)
     except KeyboardInterrupt:  # a signal the runner's handler did not take
         display.close()
         print("interrupted", file=err)
         return FAILED
 
 
-def _run_jobs_here(jobs, total, validated, registry, results, display, stop) -> int:
+def _run_jobs_here(jobs, total, source, registry, results, display, stop) -> int:
     err = sys.stderr
     status = OK
     for job in jobs:
         if stop.requested:
             print("stopped before the next job", file=err)
             return FAILED
+        try:  # again: a file a loader names may have changed since the sweep was checked
+            validated = check_job(job, registry, source)
+        except WorkflowError as exc:
+            print(f"{_job_header(job, total) or 'the job'}: {exc}", file=err)
+            if results is not None:
+                results.append(result_record(job.job_key, job.settings, status="error",
+                                             seconds=0.0, files=[], run_id=None,
+                                             error=str(exc)))
+            status = FAILED
+            continue
+        if results is not None and _recovered(job, validated, results, total):
+            continue
         header = _job_header(job, total)
         if header:
             print(header, file=err)
@@ -231,8 +244,7 @@ def _run_jobs_here(jobs, total, validated, registry, results, display, stop) -> 
         host.add_output_listener(listener)
         try:
             with stop.stoppable():
-                result = execute(validated.pop(job.index), registry, on_event=display,
-                                 run_id=run_id)
+                result = execute(validated, registry, on_event=display, run_id=run_id)
         except (RunError, KeyboardInterrupt) as exc:  # KeyboardInterrupt: a second signal
             display.close()
             interrupted = isinstance(exc, (RunInterrupted, KeyboardInterrupt))

@@ -19,13 +19,14 @@ it (see stop_signals).
 
 from __future__ import annotations
 
-import queue
+import collections
 import re
 import sys
 import threading
 import time
 import urllib.parse
 from pathlib import Path
+from typing import Iterable
 
 from .client import Client, PromptRejected, RemoteInterrupted, RemoteRunError, ServerError
 from .stop_signals import StopSignals
@@ -56,13 +57,12 @@ def server_folder(url: str) -> str:
 
 class _Pool:
 
-    def __init__(self, clients: list[Client], jobs: list[SweepJob], total: int, out: Path,
-                 results: ResultsLog | None):
+    def __init__(self, clients: list[Client], jobs: Iterable[SweepJob], count: int, total: int,
+                 out: Path, results: ResultsLog | None):
         self.clients, self.total, self.out, self.results = clients, total, out, results
-        self.todo: queue.Queue = queue.Queue()
-        for job in jobs:
-            self.todo.put(job)
-        self.remaining = len(jobs)
+        self.jobs = iter(jobs)  # built as servers take them
+        self.returned: collections.deque = collections.deque()  # jobs of a dropped server
+        self.remaining = count
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.status = OK
@@ -88,12 +88,12 @@ class _Pool:
         name = client.base
         folder = self.out / server_folder(name)
         while not self.stop.is_set():
-            try:
-                job = self.todo.get(timeout=0.2)
-            except queue.Empty:
+            job = self._next()
+            if job is None:
                 with self.lock:
                     if self.remaining == 0:
                         return
+                time.sleep(0.2)  # a job a dropped server gives back may still come
                 continue
             if self.stop.is_set():
                 return
@@ -121,6 +121,12 @@ class _Pool:
                                       prompt_id=result.prompt_id) | {"server": name})
             self._done()
 
+    def _next(self) -> SweepJob | None:
+        with self.lock:
+            if self.returned:
+                return self.returned.popleft()
+            return next(self.jobs, None)
+
     def _finished(self, job, name, status, started, exc, code) -> None:
         self.say(f"[{name}] job {job.index}/{self.total} "
                  f"{'failed' if status == 'error' else status}: {exc}")
@@ -145,7 +151,8 @@ class _Pool:
             others_left = self.alive > 0 and len(tried) < len(self.clients)
         self.say(f"[{client.base}] dropped: {exc}")
         if others_left:
-            self.todo.put(job)
+            with self.lock:
+                self.returned.append(job)
             return
         self._finished(job, client.base, "error", time.perf_counter(), exc, FAILED)
         if self.alive == 0:
@@ -159,9 +166,10 @@ class _Pool:
             client.cancel_in_flight()
 
 
-def run_on_servers(clients: list[Client], jobs: list[SweepJob], total: int, out: str | Path,
-                   results: ResultsLog | None) -> int:
-    pool = _Pool(clients, jobs, total, Path(out), results)
+def run_on_servers(clients: list[Client], jobs: Iterable[SweepJob], count: int, total: int,
+                   out: str | Path, results: ResultsLog | None) -> int:
+    """`count` of the sweep's `total` jobs to run (`jobs`, taken one at a time)."""
+    pool = _Pool(clients, jobs, count, total, Path(out), results)
     threads = [threading.Thread(target=pool.serve, args=(client,), daemon=True,
                                 name=f"wan-enhanced-server-{i}")
                for i, client in enumerate(clients)]

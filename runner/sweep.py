@@ -13,7 +13,8 @@ given type and name in the workflow, trying the names in order until one exists:
 
 A name found on several nodes (two CLIPTextEncode "text" inputs) is an error: use NODE.INPUT.
 A value that is not a list is a single value. The jobs are the Cartesian product in a stable
-order: keys in file order, the last key varying fastest.
+order: keys in file order, the last key varying fastest; a Sweep builds each job when it is
+read (sweep_checks.py checks them all without building them all).
 
 Every finished job appends one JSON line to the results file. A job's key is a hash of the
 workflow it runs (class types and inputs after the settings are applied) and of where its files
@@ -35,11 +36,13 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from .overrides import (OverrideError, Target, parse_value, resolve_input, resolve_path,
                         set_input)
@@ -88,8 +91,9 @@ def load_sweep(path: str | Path) -> dict[str, list]:
 
 
 def expand_sweep(workflow: Mapping, sweep: Mapping[str, list], registry: Registry,
-                 scope: str = "") -> list[SweepJob]:
-    """One job per combination of values, each with its own copy of the workflow."""
+                 scope: str = "") -> "Sweep":
+    """The jobs, one per combination of values: a sequence built as it is read, so a sweep of
+    10^5 jobs holds one job's workflow at a time."""
     targets = {key: resolve_key(workflow, key, registry) for key in sweep}
     seen: dict[tuple, str] = {}
     for key, target in targets.items():
@@ -99,14 +103,51 @@ def expand_sweep(workflow: Mapping, sweep: Mapping[str, list], registry: Registr
                              f"{target.input_name!r} of node {target.node_id}")
         seen[where] = key
     typed = {key: [_typed(key, targets[key], v) for v in values] for key, values in sweep.items()}
-    jobs = []
-    for index, combination in enumerate(itertools.product(*typed.values()), 1):
-        job_workflow = copy.deepcopy(dict(workflow))
-        settings = dict(zip(typed, combination))
+    return Sweep(dict(workflow), targets, typed, scope)
+
+
+class Sweep(Sequence):
+    """The Cartesian product of a sweep's values, job by job (the last key varies fastest).
+    A job copies only the nodes its settings change; the rest of its workflow is shared and
+    never written to."""
+
+    def __init__(self, workflow: dict, targets: dict[str, Target], values: dict[str, list],
+                 scope: str = ""):
+        self.workflow, self.targets, self.values, self.scope = workflow, targets, values, scope
+        self._count = math.prod(len(v) for v in values.values())
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(f"job {index + 1} of a sweep of {self._count}")
+        return self.job(self.combination(index), index + 1)
+
+    def __iter__(self) -> Iterator[SweepJob]:
+        for index, combination in enumerate(itertools.product(*self.values.values())):
+            yield self.job(combination, index + 1)
+
+    def combination(self, index: int) -> tuple:
+        """The values of job `index` (0-based), in key order."""
+        picked = []
+        for values in reversed(list(self.values.values())):
+            index, at = divmod(index, len(values))
+            picked.append(values[at])
+        return tuple(reversed(picked))
+
+    def job(self, combination: tuple, number: int) -> SweepJob:
+        settings = dict(zip(self.values, combination))
+        job_workflow = dict(self.workflow)
+        for node_id in {target.node_id for target in self.targets.values()}:
+            job_workflow[node_id] = copy.deepcopy(self.workflow[node_id])
         for key, value in settings.items():
-            set_input(job_workflow, targets[key], value)
-        jobs.append(SweepJob(index, settings, job_workflow, job_key(job_workflow, scope)))
-    return jobs
+            set_input(job_workflow, self.targets[key], value)
+        return SweepJob(number, settings, job_workflow, job_key(job_workflow, self.scope))
 
 
 def resolve_key(workflow: Mapping, key: str, registry: Registry) -> Target:

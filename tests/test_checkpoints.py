@@ -198,7 +198,8 @@ def test_another_format_named_safetensors_is_named_for_what_it_is(tmp_path, form
                           "lfs": b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\n",
                           "html": b"<!DOCTYPE html><html><body>Sign in</body></html>",
                           "empty": b""}[form])
-    with pytest.raises(CheckpointError, match=r"m\.safetensors: the file is (an? )?" + expected) as err:
+    pattern = r"m\.safetensors: the file is (an? )?" + expected
+    with pytest.raises(CheckpointError, match=pattern) as err:
         open_checkpoint(path)
     assert "truncated or corrupt" not in str(err.value)
     if form in ("zip", "pickle"):  # renamed as the message says, the same file is read

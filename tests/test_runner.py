@@ -718,6 +718,71 @@ def test_sweep_shorthand_ambiguity_and_bad_values(tmp_path):
         load_sweep(path)
 
 
+def mixed_sweep_workflow():
+    workflow = sampler_workflow()
+    workflow["6"] = node("FileChoice", path="a.txt", count=1)
+    workflow["7"] = node("SaveValue", value=["6", 0], filename_prefix="f")
+    return workflow
+
+
+def test_a_sweep_is_a_sequence_built_job_by_job():
+    sweep = {"6.path": ["a.txt", "b.png", "c.txt"], "seed": [0, -1, 5, 6],
+             "2.steps": [1, 200], "6.count": [1, 3]}
+    jobs = expand_sweep(mixed_sweep_workflow(), sweep, REGISTRY)
+    listed = list(jobs)
+    assert len(jobs) == len(listed) == 48
+    for index in (0, 1, 17, 47, -1, -48):
+        assert jobs[index] == listed[index]
+    assert [j.settings for j in jobs[5:9]] == [j.settings for j in listed[5:9]]
+    with pytest.raises(IndexError):
+        jobs[48]
+    # a job copies the nodes its settings change, and shares the others unchanged
+    assert listed[0].workflow["1"] is jobs.workflow["1"]
+    assert listed[0].workflow["2"] is not jobs.workflow["2"]
+    assert jobs.workflow["2"]["inputs"]["seed"] == 1
+
+
+def test_checking_a_sweep_equals_validating_every_job():
+    """Independent keys (seed, steps, count) are checked value by value, the others (a path
+    its node's VALIDATE_INPUTS judges) by whole validations: the verdict is what validating
+    each job gives, each problem under the first job that has it."""
+    from wan_enhanced.runner.sweep_checks import check_job, check_sweep, is_independent
+
+    sweep = {"6.path": ["a.txt", "b.png", "c.txt"], "seed": [0, -1, 5, 6],
+             "2.steps": [1, 200], "6.count": [1, 3]}
+    jobs = expand_sweep(mixed_sweep_workflow(), sweep, REGISTRY)
+    assert [k for k in sweep if is_independent(jobs, k, REGISTRY)] == \
+        ["seed", "2.steps", "6.count"]
+    invalid, first_with, seen = 0, [], set()
+    for job in jobs:
+        try:
+            check_job(job, REGISTRY, None)
+        except WorkflowError as exc:
+            invalid += 1
+            fresh = [str(i) for i in exc.errors if str(i) not in seen]
+            seen.update(fresh)
+            if fresh:
+                first_with.append((job.index, sorted(fresh)))
+    verdict = check_sweep(jobs, REGISTRY)
+    assert invalid == 48 - 2 * 3 * 1 * 1 and verdict.invalid == invalid  # valid: 2 paths x 3 seeds
+    assert [(job.index, sorted(problems)) for job, problems in verdict.reports] == first_with
+    assert verdict.first is not None
+
+
+def test_checking_a_sweep_of_100000_seeds_validates_one_workflow(monkeypatch):
+    from wan_enhanced.runner import sweep_checks
+
+    calls = []
+    real = sweep_checks.validate
+    monkeypatch.setattr(sweep_checks, "validate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    jobs = expand_sweep(sampler_workflow(), {"seed": list(range(-2, 99998))}, REGISTRY)
+    verdict = sweep_checks.check_sweep(jobs, REGISTRY)
+    assert len(calls) == 1 and verdict.invalid == 2
+    assert [(job.index, job.settings) for job, _ in verdict.reports] == \
+        [(1, {"seed": -2}), (2, {"seed": -1})]
+    assert jobs[-1].settings == {"seed": 99997}
+
+
 def test_results_log_ignores_a_torn_last_line_and_keeps_appending(tmp_path):
     path = tmp_path / "results.jsonl"
     log = ResultsLog(path)

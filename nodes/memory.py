@@ -45,8 +45,11 @@ class WanMemoryProbe:
         return True
 
     @classmethod
-    def IS_CHANGED(cls, **_):
-        return float("nan")  # a probe always records
+    def IS_CHANGED(cls, save_log="", write_report=False, **_):
+        """A probe that writes the run's log runs in every run (a new NaN), and so do the nodes
+        after it; a probe that only records is cached like any node (it records when its input
+        is computed again), so the nodes after it stay cached too."""
+        return float("nan") if save_log or write_report else ""
 
     def probe(self, value, label, save_log="", write_report=False, unique_id=None):
         from ..profiling.events import current_log, default_log_path

@@ -46,8 +46,9 @@ prompt); IS_CHANGED gets only the inputs the node declares (the runner passes on
 node); ComfyUI's V3 nodes (fingerprint_inputs) are not run by this runner at all.
 
 This package's nodes: all declare UNIQUE_ID, so they are keyed by node id too (a renumbered
-workflow runs them again, in ComfyUI as here); only the memory probe defines IS_CHANGED (a new
-NaN: a probe always records), so it and everything downstream of it run in every run. The
+workflow runs them again, in ComfyUI as here); only the memory probe defines IS_CHANGED: a new
+NaN when it writes the run's log (save_log / write_report), so it and everything downstream of it
+run in every run; otherwise a constant, so it is cached like any node. The
 headless LoadImage stand-in (headless_nodes.py) has no IS_CHANGED, unlike ComfyUI's, which
 hashes the file: an image replaced under the same name is not read again.
 

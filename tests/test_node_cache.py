@@ -514,25 +514,36 @@ def test_an_is_changed_that_raises_reruns_the_node_with_a_warning(record, caplog
     assert "IS_CHANGED raised ValueError: no file" in caplog.text
 
 
-def test_only_the_memory_probe_defines_is_changed_and_it_always_runs(record):
-    """Of this package's nodes only the memory probe defines IS_CHANGED (a new NaN: a probe
-    always records), so it and everything downstream of it run every time, as in ComfyUI."""
+def test_only_a_memory_probe_that_writes_the_log_runs_every_time(record, tmp_path):
+    """Of this package's nodes only the memory probe defines IS_CHANGED: a probe that writes
+    the run's log runs in every run (a new NaN), and everything downstream of it with it, as in
+    ComfyUI; a probe that only records stays cached with the nodes after it."""
     from wan_enhanced.nodes import NODE_CLASS_MAPPINGS
     assert sorted(n for n, c in NODE_CLASS_MAPPINGS.items() if hasattr(c, "IS_CHANGED")) == \
         ["WanEnhancedMemoryProbe"]
     registry = {**REGISTRY, "WanEnhancedMemoryProbe": NODE_CLASS_MAPPINGS["WanEnhancedMemoryProbe"]}
-    workflow = {"1": node("MakeTensor", size=3),
-                "2": node("WanEnhancedMemoryProbe", value=["1", 0], label="loaded"),
+
+    def workflow(**probe_options):
+        return {"1": node("MakeTensor", size=3),
+                "2": node("WanEnhancedMemoryProbe", value=["1", 0], label="loaded",
+                          **probe_options),
                 "3": node("Decode", tensor=["2", 0]), "4": node("Save", value=["3", 0])}
-    cache = NodeCache()
-    validated = validate(workflow, registry)
-    assert node_signatures(validated, registry)["2"] != node_signatures(validated, registry)["2"]
-    first = run_workflow(workflow, registry, cache=cache)
-    record.calls.clear()
-    second = run_workflow(workflow, registry, cache=cache)
-    assert record.calls == ["Decode", "Save:out"]
-    assert second.outputs["2"] != first.outputs["2"]  # a new memory event
-    assert second.node_seconds["1"] == 0.0
+
+    host.set_headless_folders(output=tmp_path)
+    try:
+        for options, again in (({}, []), ({"save_log": "probe.json"}, ["Decode", "Save:out"])):
+            cache = NodeCache()
+            validated = validate(workflow(**options), registry)
+            signatures = [node_signatures(validated, registry)["2"] for _ in range(2)]
+            assert (signatures[0] == signatures[1]) == (not options)
+            first = run_workflow(workflow(**options), registry, cache=cache)
+            record.calls.clear()
+            second = run_workflow(workflow(**options), registry, cache=cache)
+            assert record.calls == again
+            assert (second.outputs["2"] != first.outputs["2"]) == bool(options)  # a new event
+            assert second.node_seconds["1"] == 0.0
+    finally:
+        host.set_headless_folders(output="output")
 
 
 # -- parity with ComfyUI 0.3.64 ----------------------------------------------------------------

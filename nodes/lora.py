@@ -36,9 +36,11 @@ class WanLoRALoader:
     CATEGORY = CATEGORY
 
     @classmethod
-    def VALIDATE_INPUTS(cls, lora_name, strength, mode):
+    def VALIDATE_INPUTS(cls, lora_name, strength):
+        # `mode` is left to ComfyUI's choice check, which files its error under `mode`: a
+        # verdict is filed under every input named here
         return verdict([loader_file_problem("loras", lora_name, "lora_name"),
-                        *constant_problems(cls, strength=strength, mode=mode)])
+                        *constant_problems(cls, strength=strength)])
 
     def load(self, model, lora_name, strength, mode="merge", unique_id=None):
         with node_errors(self.DISPLAY):

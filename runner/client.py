@@ -451,14 +451,39 @@ def _node_issues(node_errors: Mapping, workflow: Mapping) -> list[Issue]:
     for node_id, info in node_errors.items():
         info = info if isinstance(info, Mapping) else {}
         node = workflow.get(node_id) if isinstance(workflow.get(node_id), Mapping) else {}
+        where = (str(node_id), info.get("class_type") or node.get("class_type"), node_title(node))
+        seen: set[tuple] = set()
         for error in info.get("errors") or []:
             extra = error.get("extra_info") or {}
-            text = error.get("message") or "error"
-            if error.get("details"):
-                text += f": {error['details']}"
-            issues.append(Issue(text, str(node_id), info.get("class_type") or
-                                node.get("class_type"), node_title(node),
-                                extra.get("input_name")))
+            if error.get("type") == "custom_validation_failed":
+                found = _verdict_issues(error, node, where)
+            else:
+                text = error.get("message") or "error"
+                if error.get("details"):
+                    text += f": {error['details']}"
+                found = [Issue(text, *where, extra.get("input_name"))]
+            for issue in found:  # ComfyUI repeats a verdict under each input the check names
+                if (issue.message, issue.input_name) not in seen:
+                    seen.add((issue.message, issue.input_name))
+                    issues.append(issue)
+    return issues
+
+
+def _verdict_issues(error: Mapping, node: Mapping, where: tuple) -> list[Issue]:
+    """A VALIDATE_INPUTS verdict, which ComfyUI files under every input the check names
+    ("details": "INPUT - VERDICT"): each line of this package's verdicts ("input: problem") is
+    placed at the input it names; another node's verdict stays where ComfyUI put it."""
+    filed_under = (error.get("extra_info") or {}).get("input_name")
+    details = str(error.get("details") or "")
+    if isinstance(filed_under, str) and details.startswith(filed_under + " - "):
+        details = details[len(filed_under) + 3:]
+    message = error.get("message") or "Custom validation failed for node"
+    inputs = node.get("inputs") if isinstance(node.get("inputs"), Mapping) else {}
+    issues = []
+    for line in details.splitlines() or [""]:
+        named, sep, _ = line.partition(": ")
+        input_name = named if sep and named in inputs else filed_under
+        issues.append(Issue(f"{message}: {line}" if line else message, *where, input_name))
     return issues
 
 

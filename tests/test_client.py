@@ -670,3 +670,30 @@ def test_a_download_never_replaces_a_file_in_the_output_folder(tmp_path):
     assert (out / "wan" / "clip_00001-2.mp4").read_bytes() == VIDEO
     assert sorted(p.name for p in (out / "wan").iterdir()) == [
         "clip_00001-2.mp4", "clip_00001-3.mp4", "clip_00001.mp4"]  # no .part, no .claim
+
+
+def test_a_verdict_comfyui_files_under_every_input_it_names_is_placed_at_its_input():
+    """ComfyUI files a VALIDATE_INPUTS verdict under each input the check names (execution.py:
+    one error per input, "details": "INPUT - VERDICT"); each line of ours names its input."""
+    verdict = "frames: 50 is not of the form 4n+1 (nearest valid: 49 or 53)"
+    workflow = {"5": {"class_type": "WanEnhancedEmptyLatent", "inputs": {
+        "model": ["1", 0], "width": 832, "height": 480, "frames": 50, "batch": 1}}}
+    node_errors = {"5": {"class_type": "WanEnhancedEmptyLatent", "dependent_outputs": ["8"],
+                         "errors": [{"type": "custom_validation_failed",
+                                     "message": "Custom validation failed for node",
+                                     "details": f"{name} - {verdict}",
+                                     "extra_info": {"input_name": name}}
+                                    for name in ("width", "height", "frames", "batch")]},
+                   "7": {"class_type": "OtherPack", "errors": [
+                       {"type": "custom_validation_failed",
+                        "message": "Custom validation failed for node",
+                        "details": f"{name} - too big", "extra_info": {"input_name": name}}
+                       for name in ("a", "b")]}}
+    workflow["7"] = {"class_type": "OtherPack", "inputs": {"a": 1, "b": 2}}
+    rejected = PromptRejected({"message": "Prompt outputs failed validation"}, node_errors,
+                              workflow)
+    assert [(i.node_id, i.input_name, i.message) for i in rejected.errors] == [
+        ("5", "frames", f"Custom validation failed for node: {verdict}"),
+        ("7", "a", "Custom validation failed for node: too big"),
+        ("7", "b", "Custom validation failed for node: too big")]
+    assert str(rejected).count("4n+1") == 1

@@ -27,7 +27,7 @@ from wan_enhanced.checkpoints.tiny import (TINY_DIT, write_clip_vision, write_di
                                            write_models_folder, write_vae)
 from wan_enhanced.lora.tiny import random_lora, write_lora
 from wan_enhanced.pipeline.video_io import read_mp4
-from wan_enhanced.runner.client import Client, RemoteRunError
+from wan_enhanced.runner.client import Client, PromptRejected, RemoteRunError
 from wan_enhanced.runner.demo_command import DEMO_SETTINGS, WORKFLOW
 from wan_enhanced.runner.headless_nodes import local_registry
 from wan_enhanced.runner.overrides import apply_overrides
@@ -399,6 +399,24 @@ def test_a_broken_graph_gets_the_same_verdict_from_comfyui_and_from_us(server, n
             if issue.input_name is not None}
     assert status == 400
     assert comfy == ours == expected, (comfy, [str(i) for i in caught.value.errors])
+
+
+def test_our_client_places_a_verdict_at_the_input_it_names(server, tmp_path):
+    """ComfyUI files a VALIDATE_INPUTS verdict under every input the check names (the latent's
+    check names width, height, frames and batch); `run --server` reports it once, at frames."""
+    url, _, _ = server
+    workflow = corpus.base_workflow()
+    workflow["5"]["inputs"]["frames"] = 6
+    workflow = corpus.only_outputs_reaching(workflow, "5")
+    status, reply = _post(url, workflow)
+    assert status == 400, reply
+    filed = {(e.get("extra_info") or {}).get("input_name")
+             for e in reply["node_errors"]["5"]["errors"]}
+    assert filed == {"width", "height", "frames", "batch"}
+    with pytest.raises(PromptRejected) as caught:
+        Client(url, timeout=60).run(workflow, tmp_path)
+    assert [(i.node_id, i.input_name) for i in caught.value.errors] == [("5", "frames")]
+    assert "6 is not of the form 4n+1" in caught.value.errors[0].message
 
 
 def test_each_prompt_writes_its_own_event_log_with_its_id(server, tmp_path):

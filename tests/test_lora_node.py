@@ -6,6 +6,7 @@ the node record their LoRAs on the handle without touching the model."""
 from __future__ import annotations
 
 import json
+import inspect
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_the_four_step_lora_example_runs_with_one_lora_per_expert(tmp_path, mode
       "'low.safetensors'", "has shape [384, 4] but the model's blocks.0.cross_attn.k.weight is "
       "[256, 256]")),
     ({"3.strength": math.nan}, ('input "strength"', "finite number")),
-    ({"4.mode": "lazy"}, ('input "mode"', "'lazy'")),
+    ({"4.mode": "lazy"}, ('input "mode"', '"lazy" is not one of the choices')),
 ])
 def test_bad_lora_inputs_are_refused_before_any_model_loads(tmp_path, models, loads, capsys,
                                                             changes, expected):
@@ -106,16 +107,16 @@ def test_bad_lora_inputs_are_refused_before_any_model_loads(tmp_path, models, lo
 
 
 def test_validate_inputs_for_comfyui(models, loads):
+    """The check names only the inputs it judges (ComfyUI files its verdict under each of them):
+    `mode` is left to ComfyUI's choice check."""
     node = NODES["WanEnhancedLoRALoader"]
     host.set_headless_folders(models=models)
-    assert node.VALIDATE_INPUTS(LORA_HIGH, 1.0, "merge") is True
-    assert node.VALIDATE_INPUTS(LORA_HIGH, None, None) is True  # linked
-    assert "strength: inf is not a finite number" in node.VALIDATE_INPUTS(LORA_HIGH, math.inf,
-                                                                          "merge")
-    assert "strength: 500.0 is bigger than the maximum" in node.VALIDATE_INPUTS(LORA_HIGH, 500.0,
-                                                                                "merge")
-    assert "lora_name: '../x.safetensors'" in node.VALIDATE_INPUTS("../x.safetensors", 1.0,
-                                                                    "merge")
+    assert inspect.getfullargspec(node.VALIDATE_INPUTS).args[1:] == ["lora_name", "strength"]
+    assert node.VALIDATE_INPUTS(LORA_HIGH, 1.0) is True
+    assert node.VALIDATE_INPUTS(LORA_HIGH, None) is True  # linked
+    assert "strength: inf is not a finite number" in node.VALIDATE_INPUTS(LORA_HIGH, math.inf)
+    assert "strength: 500.0 is bigger than the maximum" in node.VALIDATE_INPUTS(LORA_HIGH, 500.0)
+    assert "lora_name: '../x.safetensors'" in node.VALIDATE_INPUTS("../x.safetensors", 1.0)
 
 
 def test_a_chain_of_nodes_records_its_loras_and_leaves_the_model_alone(models, loads):

@@ -264,3 +264,48 @@ def test_a_hangup_stops_a_run_as_kill_does_unless_it_runs_under_nohup(nohup, tmp
         assert process.returncode == FAILED, err  # an exit code, not death by signal (-1)
         assert line["status"] == "interrupted"
         assert "SIGHUP: stopping at the next check" in err and "Traceback" not in err
+
+
+SHUTDOWN = textwrap.dedent("""
+    import atexit, os, signal, sys, time
+    from wan_enhanced.runner import cli, run_command
+
+    when, signum = sys.argv[1], getattr(signal, sys.argv[2])
+    real_run = run_command.run
+
+    def run_then_signal(args):
+        code = real_run(args)
+        if when == "unwinding":  # after the command's own handlers are back
+            os.kill(os.getpid(), signum)
+            time.sleep(2)
+        return code
+
+    run_command.run = run_then_signal
+
+    def slow_teardown():  # models freed, threads ended: seconds in a real run
+        os.kill(os.getpid(), signum)
+        time.sleep(2)
+
+    if when == "shutdown":
+        atexit.register(slow_teardown)
+    sys.argv = ["wan-enhanced", "run", sys.argv[3], "--quiet"]
+    cli.entry()
+""")
+
+
+@pytest.mark.parametrize("when, signum, code", [
+    ("unwinding", "SIGINT", FAILED),  # an interrupt: the documented 1
+    ("shutdown", "SIGINT", 2),  # the command had ended: its own code (2: invalid workflow)
+    ("shutdown", "SIGTERM", 2),
+])
+def test_a_signal_while_the_process_ends_exits_with_a_documented_code(tmp_path, when, signum,
+                                                                      code):
+    """Ctrl-C or `kill` after the command gave its handlers back (while it unwinds, or while
+    the process shuts down): a documented exit code at once, not 130 / 143 or a traceback."""
+    script = tmp_path / "shutdown.py"
+    script.write_text(SHUTDOWN)
+    process = subprocess.run([sys.executable, str(script), when, signum,
+                              str(tmp_path / "missing.json")], capture_output=True, text=True,
+                             timeout=60)
+    assert process.returncode == code, process.stderr
+    assert "Traceback" not in process.stderr and "KeyboardInterrupt" not in process.stderr

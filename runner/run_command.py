@@ -305,8 +305,8 @@ def _recovered(job: SweepJob, validated, results: ResultsLog, total: int) -> boo
 
 class _StopRequest:
     """Ctrl-C, `kill` (SIGTERM) or a hangup (SIGHUP) once: ask the running node to stop at its next
-    check (between sampling steps, transformer blocks and decoded frames) and run no further job. A
-    second one (either): stop at once, with exit code 1 (FAILED).
+    check (between sampling steps, transformer blocks, a block's row chunks and decoded frames)
+    and run no further job. A second one (either): stop at once, with exit code 1 (FAILED).
 
     A long operation inside PyTorch keeps the main thread, where Python runs signal handlers,
     for as long as it takes (minutes for one attention at 8192x8192). So a watcher thread sees

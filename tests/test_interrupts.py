@@ -64,6 +64,36 @@ def test_sampler_stops_between_transformer_blocks(headless, monkeypatch):
     assert torch.isfinite(out["samples"]).all()  # the next run works
 
 
+def test_sampler_stops_between_the_row_chunks_of_a_block(headless, monkeypatch):
+    """At large sizes a block's phases run over row chunks; a stop request is honoured between
+    two chunks (the first Ctrl-C no longer waits for a whole block)."""
+    from wan_enhanced.wan import chunks
+    from wan_enhanced.wan.dit_attention import SelfAttention
+
+    (model,) = NODES["WanEnhancedModelLoader"]().load(DIT, "fp32", "sdpa")
+    (latent,) = NODES["WanEnhancedEmptyLatent"]().make(model, 64, 64, 5, 1)
+    rows = [[torch.zeros(1, 4, model.config.text_dim), {}]]
+    monkeypatch.setattr(chunks, "ROW_CHUNK_TOKENS", 4)  # the sizes' chunking, on a tiny model
+    attended = []
+    real = SelfAttention.attend_rows
+
+    def attend_rows(attn, h, rope, start, *args):
+        attended.append(start)
+        if len(attended) == 1:
+            host.request_interrupt()  # Ctrl-C while the first chunk's queries attend
+        return real(attn, h, rope, start, *args)
+
+    monkeypatch.setattr(SelfAttention, "attend_rows", attend_rows)
+    with pytest.raises(host.Interrupted):
+        NODES["WanEnhancedSampler"]().run(model, rows, rows, latent, 1, 1, 1.0, 5.0, "unipc",
+                                          1.0)
+    assert attended == [0]  # the check before the second chunk stopped the block
+    monkeypatch.undo()
+    (out,) = NODES["WanEnhancedSampler"]().run(model, rows, rows, latent, 1, 1, 1.0, 5.0, "unipc",
+                                               1.0)
+    assert torch.isfinite(out["samples"]).all()  # the next run works
+
+
 def test_decoder_stops_between_decoded_frames(headless, monkeypatch):
     (vae,) = NODES["WanEnhancedVAELoader"]().load(VAE, "fp32")
     latent = {"samples": torch.randn(1, 48, 4, 4, 4)}

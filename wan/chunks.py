@@ -4,7 +4,10 @@ chunk at a time (wan/dit_block.py), and the head does too (wan/dit.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from contextvars import ContextVar
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn as nn
@@ -25,6 +28,38 @@ ROW_CHUNK_TOKENS = 8192
 # three chunks, and with int8 W8A8 matrices (int32 products beside the bf16 output, 2.3 GB) the
 # 5B block in three too.
 FFN_HIDDEN_BYTES = 1 << 30
+
+
+# The check a forward runs between two row chunks of a phase (its caller's interrupt check: a
+# stop request is honoured within a block, not only between blocks); none outside a forward.
+_BETWEEN_CHUNKS: ContextVar[Callable[[], None] | None] = ContextVar("between_chunks",
+                                                                   default=None)
+
+
+@contextlib.contextmanager
+def checks_between_chunks(check: Callable[[], None]):
+    """Within the block, `check()` runs between the row chunks of every phase (`checked`)."""
+    token = _BETWEEN_CHUNKS.set(check)
+    try:
+        yield
+    finally:
+        _BETWEEN_CHUNKS.reset(token)
+
+
+def checked(chunks: list[tuple[int, int]]) -> Iterable[tuple[int, int]]:
+    """The chunks in order, the current check (checks_between_chunks) run before each but the
+    first; a compiled graph takes them unchecked (a check there would break the graph)."""
+    if len(chunks) < 2 or torch.compiler.is_compiling():
+        return chunks
+    check = _BETWEEN_CHUNKS.get()
+    return chunks if check is None else _checked(chunks, check)
+
+
+def _checked(chunks, check) -> Iterator[tuple[int, int]]:
+    for index, chunk in enumerate(chunks):
+        if index:
+            check()
+        yield chunk
 
 
 def row_chunks(length: int, groups: int, target: int | None = None,

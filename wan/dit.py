@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import get_backend
-from .chunks import group_rows, row_chunks
+from .chunks import checks_between_chunks, group_rows, row_chunks
 from .compiled_blocks import OwedUpdate, compiled_block_forward
 from .configs import DiTConfig
 from .dit_block import WanBlock
@@ -204,7 +204,8 @@ class WanDiT(nn.Module):
         context: [B, L, 4096] umT5 rows; clip_tokens: [B, 257, 1280] for Wan2.1 I2V.
         `blocks` lets an offloader supply the blocks as they become resident (default: self.blocks).
         compiled: run the blocks through torch.compile (wan/compiled_blocks.py).
-        between_blocks(): called before every block; the caller's interrupt check raises there.
+        between_blocks(): called before every block and between the row chunks of a block's
+        phases (wan/chunks.py checked); the caller's interrupt check raises there.
         sequence: this process computes one shard of the token rows, the others of its process
         group the rest (distributed/sequence_split.py SequenceSplit); the output is whole.
         """
@@ -234,10 +235,11 @@ class WanDiT(nn.Module):
                                                          self.config.num_heads)
             attention_rows = tokens.shape[1]
         owed = OwedUpdate() if compiled else None  # the last FFN's update, added by the next block
-        for block in (self.blocks if blocks is None else blocks):
-            between_blocks()
-            args = (tokens, e0, rope, text, image, attend, self.compute_dtype, attention_rows)
-            tokens = compiled_forward(block, *args, owed=owed) if compiled else block(*args)
+        with checks_between_chunks(between_blocks):  # and between a block's row chunks
+            for block in (self.blocks if blocks is None else blocks):
+                between_blocks()
+                args = (tokens, e0, rope, text, image, attend, self.compute_dtype, attention_rows)
+                tokens = compiled_forward(block, *args, owed=owed) if compiled else block(*args)
         if owed is not None and owed.update is not None:
             add_gated_(tokens, *owed.take())
 

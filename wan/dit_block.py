@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from .attention import wave_rows
-from .chunks import ffn_chunks, group_rows, hidden_bytes, row_chunks
+from .chunks import checked, ffn_chunks, group_rows, hidden_bytes, row_chunks
 from .configs import DiTConfig
 from .dit_attention import CrossAttention, SelfAttention
 from .dit_ffn import feed_forward
@@ -133,7 +133,7 @@ class WanBlock(nn.Module):
                                                compute_dtype, shared)
         # the fp8 backend's quantized keys, made once for all the chunks
         keys = fp8_keys(k, v) if self_attend is fp8_attention else None
-        for start, end in chunks:
+        for start, end in checked(chunks):
             h = held.pop(0) if shared else normed(start, end, shift_sa, scale_sa, (attn.q,))
             out = attn.attend_rows(h, rope, start, k, v, self_attend, keys)
             del h
@@ -164,7 +164,7 @@ class WanBlock(nn.Module):
             add_gated_(x, *pending)
             pending = None
         text_kv, image_kv = self.cross_attn.keys_values(context, image_context)
-        for start, end in chunks:
+        for start, end in checked(chunks):
             part = x if len(chunks) == 1 else x[:, start:end]
             add_gated_(part, self._cross_attended(part, text_kv, image_kv, attend, compute_dtype,
                                                   codes, pending), None)
@@ -222,7 +222,7 @@ class WanBlock(nn.Module):
             h = self._normed(x, 0, length, shift_ff, scale_ff, compute_dtype, layers, pending)
             pieces = 1 if pending is None else HIDDEN_PIECES_WITH_UPDATE
             return ResidualUpdate(feed_forward(self.ffn, h, pieces), gate_ff)
-        for start, end in chunks:
+        for start, end in checked(chunks):
             out = feed_forward(self.ffn, self._normed(x, start, end, shift_ff, scale_ff,
                                                       compute_dtype, layers))
             add_gated_(x[:, start:end], out, group_rows(gate_ff, start, end, length))
@@ -258,7 +258,7 @@ class WanBlock(nn.Module):
         v = x.new_empty(heads, dtype=compute_dtype)
         layers = (attn.q, attn.k, attn.v) if hold else (attn.k, attn.v)
         held = []
-        for start, end in chunks:
+        for start, end in checked(chunks):
             h = normed(start, end, shift, scale, layers)
             k[:, start:end], v[:, start:end] = attn.keys_values(h, rope, start)
             if hold:

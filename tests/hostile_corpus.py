@@ -75,6 +75,9 @@ def make_setting(root: Path) -> Setting:
     for target, source in wrong.items():
         shutil.copyfile(models / source, models / target)
     (models / "vae" / "notes.safetensors").write_text("not a checkpoint at all\n")
+    # a PyTorch checkpoint (torch.save's zip) renamed .safetensors
+    torch.save({"patch_embedding.weight": torch.zeros(1)},
+               models / "diffusion_models" / "renamed_pt.safetensors")
     _write_payload(models / "vae" / "payload.pth")
     victim = root / "victim.txt"
     victim.write_text("precious\n")
@@ -194,6 +197,7 @@ def _wrong_kind_cases() -> list[Case]:
     return [Case(f"{name}-{value}", {f"{node}.{name}": value}, node, name)
             for node, name, value in (
         ("1", "model_name", "a_vae.safetensors"), ("1", "model_name", "a_clip.safetensors"),
+        ("1", "model_name", "renamed_pt.safetensors"),
         ("3", "vae_name", "a_dit.safetensors"), ("3", "vae_name", "a_text_encoder.safetensors"),
         ("3", "vae_name", "notes.safetensors"), ("3", "vae_name", "payload.pth"),
         ("2", "text_encoder_name", "a_vae.safetensors"),

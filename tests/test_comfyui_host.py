@@ -25,7 +25,7 @@ import hostile_corpus as corpus
 from wan_enhanced import NODE_CLASS_MAPPINGS
 from wan_enhanced.checkpoints.tiny import (TINY_DIT, write_clip_vision, write_dit,
                                            write_models_folder, write_vae)
-from wan_enhanced.lora.tiny import random_lora, write_lora
+from wan_enhanced.lora.tiny import lightx2v_lora, random_lora, write_lora
 from wan_enhanced.pipeline.video_io import read_mp4
 from wan_enhanced.runner.client import Client, PromptRejected, RemoteRunError
 from wan_enhanced.runner.demo_command import DEMO_SETTINGS, WORKFLOW
@@ -57,6 +57,11 @@ LORA_EXPERTS = {"wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
                 "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors":
                 "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"}
 LORA = "tiny_ti2v_lora.safetensors"
+# the distill workflows' models and LightX2V step-distill LoRAs (its extractor's layout)
+DISTILL = {"wan2.1_t2v_14B_fp8_scaled.safetensors":
+           ("t2v", "lightx2v_t2v_14b_cfg_step_distill_v2_lora_rank64_bf16.safetensors"),
+           "wan2.2_ti2v_5B_fp16.safetensors":
+           ("ti2v", "wan2.2_ti2v_5b_lightx2v_4step_lora_rank64.safetensors")}
 
 
 def write_model_set(root: Path) -> Path:
@@ -69,6 +74,11 @@ def write_model_set(root: Path) -> Path:
         write_dit(root / "diffusion_models" / expert, TINY_DIT["t2v"], "comfy_fp8", seed=seed)
         write_lora(root / "loras" / lora, random_lora(TINY_DIT["t2v"], seed=seed), "generic")
     write_lora(root / "loras" / LORA, random_lora(TINY_DIT["ti2v"], seed=1, alpha=2.0), "kohya")
+    for seed, (dit, (kind, lora)) in enumerate(DISTILL.items()):
+        if not (root / "diffusion_models" / dit).exists():
+            write_dit(root / "diffusion_models" / dit, TINY_DIT[kind], "comfy_fp8", seed=seed)
+        write_lora(root / "loras" / lora,
+                   lightx2v_lora(TINY_DIT[kind], seed=seed, rank=4, pair_min=256), "lightx2v")
     return root
 
 

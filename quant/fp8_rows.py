@@ -68,7 +68,7 @@ def launch_rows(x: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = 
 
 def row_warps(width: int) -> int:
     """Warps per row program: 8 for rows of 8192 columns or more, else 4 (H100, the fastest
-    at Wan's widths, 1536-14336: bench/results/2026-11-26-h100-row-kernel-warps/)."""
+    at Wan's widths: bench/results/README.md, experiments)."""
     return 8 if width >= 8192 else 4
 
 

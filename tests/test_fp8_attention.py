@@ -398,7 +398,7 @@ def test_long_sums_of_values_with_a_large_mean_do_not_drift():
 def test_the_longest_wan_sequence_keeps_its_cosine():
     """75,600 keys (14B at 1280x720x81): float32 sums of each block's P V keep the cosine to
     exact attention at 0.999 (tensor-core accumulation, even of centred values, fell to 0.9987
-    here: bench/results/2026-11-25-h100-kernel-pipelining)."""
+    here: bench/results/README.md, experiments)."""
     _cuda_fp8_or_skip()
     q, k, v = _qkv(75600, heads=1, seed=19, device="cuda")
     out = fa.fp8_attention(q, k, v)

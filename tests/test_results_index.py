@@ -1,4 +1,5 @@
-"""bench/results/README.md lists every results folder, and the folders the READMEs name exist."""
+"""bench/results/README.md lists every results folder; the README and docs/ name exactly those
+folders (a folder is kept because a figure there rests on it; experiments are index lines)."""
 
 import re
 from pathlib import Path
@@ -19,7 +20,15 @@ def test_the_index_lists_every_results_folder_and_nothing_else():
                                   f"listed but missing: {listed - _folders()}")
 
 
-def test_every_results_folder_the_readme_names_exists():
-    named = set(NAMED.findall((ROOT / "README.md").read_text()))
-    assert named, "the README names no results folder"
-    assert named <= _folders(), f"named in README.md but not in bench/results/: {named - _folders()}"
+def _named() -> set[str]:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return {name for page in pages if page.is_file()
+            for name in NAMED.findall(page.read_text())}
+
+
+def test_the_readme_and_docs_name_every_results_folder_and_only_those():
+    named = _named()
+    assert named, "the README and docs/ name no results folder"
+    assert named <= _folders(), f"named but not in bench/results/: {named - _folders()}"
+    assert _folders() <= named, (f"in bench/results/ but no figure in the README or docs/ rests "
+                                 f"on it: {_folders() - named}")

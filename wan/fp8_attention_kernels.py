@@ -174,7 +174,7 @@ def _attend_block(acc, l_i, m_i, q, qs, k_base, vt_base, ks_base, start_n, L, Lp
     # each block's product is summed into acc in float32 registers, not accumulated by the
     # tensor cores: Hopper's fp8 products accumulate with fewer bits than float32, and over
     # tens of thousands of keys the output of values with a large mean drifts (a GPU test);
-    # centring the values first does not save it (bench/results/2026-11-25-h100-kernel-pipelining)
+    # centring the values first does not save it (bench/results/README.md, experiments)
     if PV_FP8:  # vt's keys are in key_order
         pv = tl.dot(key_order(p.to(tl.float8e4nv)), tl.trans(vt))
     else:

@@ -128,10 +128,8 @@ def norm_codes(x: torch.Tensor, eps: float, dtype: torch.dtype, *,
                pending: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> RowCodes:
     """norm_modulate(x, shift, scale) (or norm_affine(x, norm)) as the fp8 input codes of the
     layers that read it (rowwise.RowCodes; callers check takes_row_codes), in one pass over x,
-    also inside compiled graphs, where the activation is never stored (H100, the three norms of
-    a block against the compiler's fused steps: 1.3B 0.57 ms against 0.83,
-    bench/results/2026-11-26-h100-norm-codes/; 14B 3.96 against 4.47 with the row in parts,
-    bench/results/2026-11-26-h100-norm-codes-parts/). `pending` (y, gate): x += y * gate first
+    also inside compiled graphs, where the activation is never stored (faster than the
+    compiler's fused steps: bench/results/2026-11-26-h100-norm-codes-parts/). `pending` (y, gate): x += y * gate first
     (add_gated_), in place, in the same pass. The codes are norm_codes_statement's but for about
     one in 10^5, one fp8 step off (float32 rounding within the norm)."""
     if not triton_kernels_usable(x):

@@ -1,5 +1,0 @@
-. bench/gpu_env.sh
-nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader -lms 1000 > $OUT/clocks_B.csv &
-date +%T
-timeout 585 python3 bench/peer_comfy.py --comfyui .device/ComfyUI --out $OUT/peer --case dit_5b dit_1_3b 2>&1 | grep -v Warning | tail -40
-date +%T; kill %1

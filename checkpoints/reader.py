@@ -118,22 +118,21 @@ _OTHER_FORMATS = (
 )
 
 
-def _starts_with(path: Path, magic: bytes) -> bool:
+def _head(path: Path, size: int) -> bytes | None:
+    """The file's first `size` bytes, or None when it cannot be read."""
     try:
         with open(path, "rb") as handle:
-            return handle.read(len(magic)) == magic
+            return handle.read(size)
     except OSError:
-        return False
+        return None
 
 
 def _not_safetensors(path: Path, error: Exception) -> str:
     """Why the safetensors reader refused the file: what it holds instead, where its first
     bytes tell, else the reader's own message."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(64)
-    except OSError as exc:
-        return f"cannot be read ({exc})"
+    head = _head(path, 64)
+    if head is None:
+        return f"not a readable safetensors file: {error}"
     if not head:
         return "the file is empty (0 bytes): an interrupted download or copy?"
     for magic, what in _OTHER_FORMATS:
@@ -203,7 +202,7 @@ class TorchFileSource(TensorSource):
         self.path = path
         try:
             # mapped where the file allows it (the zip form); the legacy pickle form is read
-            mapped = _starts_with(path, b"PK\x03\x04")
+            mapped = _head(path, 4) == b"PK\x03\x04"
             state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mapped)
         except pickle.UnpicklingError as exc:
             raise CheckpointError(

@@ -17,14 +17,15 @@ import math
 from typing import Iterable
 
 from .. import host
-from ..wan.configs import TEMPORAL_STRIDE
+from ..wan.configs import KNOWN_DITS, TEMPORAL_STRIDE, pixel_stride
 from ..safe_paths import UnsafePathError, folder_problem, path_inside
 
-# Every Wan model's width and height divide by 16 pixels; TI2V-5B's by 32 (known only once the
-# model is known: the latent node checks it again when it runs). A size suggested before the
-# model is known is a multiple of the largest, so that every model takes it.
-SMALLEST_PIXEL_STRIDE = 16
-LARGEST_PIXEL_STRIDE = 32
+# What a video's width and height divide by, over the released models: every model takes a
+# multiple of the largest (a size suggested before the model is known), and a side off the
+# smallest fits none; a model's own stride is checked once it is known (the latent node, when
+# it runs).
+SMALLEST_PIXEL_STRIDE = min(pixel_stride(known.config) for known in KNOWN_DITS.values())
+LARGEST_PIXEL_STRIDE = max(pixel_stride(known.config) for known in KNOWN_DITS.values())
 
 
 def verdict(problems: Iterable[str | None]) -> bool | str:

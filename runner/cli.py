@@ -11,8 +11,6 @@ from . import (bench_command, demo_command, golden_command, lora_command, report
                run_command)
 from .stop_signals import STOP_SIGNALS, ignored
 
-INTERRUPTED = 1  # the documented code of a run stopped by Ctrl-C or `kill`
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wan-enhanced",
@@ -42,7 +40,7 @@ def entry() -> None:
         code = main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        code = INTERRUPTED
+        code = run_command.FAILED  # the code of a run stopped by Ctrl-C or `kill`
     end_on_signal(code)
     sys.exit(code)
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -126,22 +125,28 @@ class Sweep(Sequence):
             index += self._count
         if not 0 <= index < self._count:
             raise IndexError(f"job {index + 1} of a sweep of {self._count}")
-        return self.job(self.combination(index), index + 1)
+        return self._job(self.positions(index), index + 1)
 
     def __iter__(self) -> Iterator[SweepJob]:
-        for index, combination in enumerate(itertools.product(*self.values.values())):
-            yield self.job(combination, index + 1)
+        for index in range(self._count):
+            yield self[index]
 
-    def combination(self, index: int) -> tuple:
-        """The values of job `index` (0-based), in key order."""
-        picked = []
-        for values in reversed(list(self.values.values())):
-            index, at = divmod(index, len(values))
-            picked.append(values[at])
-        return tuple(reversed(picked))
+    def positions(self, index: int) -> dict[str, int]:
+        """Where each key's value of job `index` (0-based) is in its list."""
+        at = {}
+        for key in reversed(list(self.values)):
+            index, at[key] = divmod(index, len(self.values[key]))
+        return at
 
-    def job(self, combination: tuple, number: int) -> SweepJob:
-        settings = dict(zip(self.values, combination))
+    def job_index(self, positions: dict[str, int]) -> int:
+        """The 0-based job whose values are at `positions` (the inverse of `positions`)."""
+        index = 0
+        for key, values in self.values.items():
+            index = index * len(values) + positions[key]
+        return index
+
+    def _job(self, positions: dict[str, int], number: int) -> SweepJob:
+        settings = {key: values[positions[key]] for key, values in self.values.items()}
         job_workflow = dict(self.workflow)
         for node_id in {target.node_id for target in self.targets.values()}:
             job_workflow[node_id] = copy.deepcopy(self.workflow[node_id])

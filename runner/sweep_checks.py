@@ -55,7 +55,7 @@ def check_sweep(sweep: Sweep, registry: Registry, source: str | None = None) -> 
     bound_ok = 0
     for picks in itertools.product(*(range(len(sweep.values[key])) for key in bound)):
         at = {**chosen, **dict(zip(bound, picks))}
-        index = _index(sweep, at)
+        index = sweep.job_index(at)
         try:
             validated = check_job(sweep[index], registry, source)
         except WorkflowError as exc:
@@ -69,7 +69,7 @@ def check_sweep(sweep: Sweep, registry: Registry, source: str | None = None) -> 
                for key, problems in bad.items()}
     for key in free:
         for value_at, problem in bad[key].items():
-            found.append((_index(sweep, {**chosen, key: value_at, **{k: 0 for k in bound}}),
+            found.append((sweep.job_index({**chosen, key: value_at, **{k: 0 for k in bound}}),
                           [problem]))
 
     valid = bound_ok * math.prod(len(sweep.values[key]) - len(bad[key]) for key in free)
@@ -108,11 +108,3 @@ def _value_problems(sweep: Sweep, key: str, registry: Registry) -> dict[int, str
             problems[at] = str(Issue(problem, target.node_id, node.get("class_type"),
                                      node_title(node), target.input_name))
     return problems
-
-
-def _index(sweep: Sweep, at: dict[str, int]) -> int:
-    """The 0-based job index of the value positions `at` (the last key varies fastest)."""
-    index = 0
-    for key, values in sweep.values.items():
-        index = index * len(values) + at[key]
-    return index

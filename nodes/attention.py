@@ -8,7 +8,7 @@ from ..pipeline.native_attention import MODES, NativeAttention
 from .common import CATEGORY, node_errors
 
 MODE = ("auto: our fp8 attention kernel where the GPU runs it, else our exact Hopper kernel, "
-        "else ComfyUI's own; fp8: our fp8 kernel (lossy; an error bound is in the README); "
+        "else ComfyUI's own; fp8: our fp8 kernel (lossy; its error bound: docs/measured.md); "
         "bf16: our exact Hopper kernel. Calls a kernel cannot take exactly (a mask, another "
         "head size, text cross-attention, a CPU) go to ComfyUI's own attention, said once in "
         "the log")

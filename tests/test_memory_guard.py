@@ -56,7 +56,7 @@ def test_estimates_count_what_a_video_holds():
 
 
 @pytest.mark.parametrize("model, vae, size, measured_gib", [
-    # one bf16 forward's peak activations on an H100 (README, "Measured": eager peaks)
+    # one bf16 forward's peak activations on an H100 (docs/measured.md: eager peaks)
     ("wan2.1-t2v-1.3b", "vae21", VideoSize(832, 480, 81), 0.60),
     ("wan2.2-ti2v-5b", "vae22", VideoSize(1280, 704, 121), 1.05),
     ("wan2.1-t2v-14b", "vae21", VideoSize(1280, 720, 81), 3.63),

@@ -70,7 +70,7 @@ def available_backends() -> list[str]:
     return [name for name, (_, module) in _BACKENDS.items() if _importable(module)]
 
 
-# What "auto" runs for each weight format (the README's table says the same): fp8 attention for
+# What "auto" runs for each weight format (docs/nodes.md says the same): fp8 attention for
 # weights whose matrices run in fp8; exact attention otherwise, ours where it runs.
 AUTO_BY_WEIGHTS = {"fp8_e4m3fn_fast": "fp8_triton"}
 AUTO_EXACT = "bf16_hopper"

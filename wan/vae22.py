@@ -28,10 +28,14 @@ def fold_pixels(video: torch.Tensor, patch: int) -> torch.Tensor:
     return x.permute(0, 1, 6, 4, 2, 3, 5).reshape(b, c * patch * patch, t, h // patch, w // patch)
 
 
-def unfold_pixels(x: torch.Tensor, patch: int) -> torch.Tensor:
-    """Inverse of fold_pixels."""
+def unfold_pixels(x: torch.Tensor, patch: int, channels_last: bool = False) -> torch.Tensor:
+    """Inverse of fold_pixels; with `channels_last`, x and the result are channels_last_3d."""
     b, cpp, t, h, w = x.shape
     c = cpp // (patch * patch)
+    if channels_last:
+        rows = x.permute(0, 2, 3, 4, 1).reshape(b, t, h, w, c, patch, patch)
+        rows = rows.permute(0, 1, 2, 6, 3, 5, 4)  # (row_offset, col_offset)
+        return rows.contiguous().view(b, t, h * patch, w * patch, c).permute(0, 4, 1, 2, 3)
     x = x.reshape(b, c, patch, patch, t, h, w)  # (col_offset, row_offset)
     return x.permute(0, 1, 4, 5, 3, 6, 2).reshape(b, c, t, h * patch, w * patch)
 
@@ -93,6 +97,24 @@ class DuplicateUp(nn.Module):
         x = x.reshape(b, self.out_channels, t * ft, h * fs, w * fs)
         return x[:, :, ft - 1:] if first_chunk else x
 
+    def add_to(self, out: torch.Tensor, x: torch.Tensor, first_chunk: bool) -> torch.Tensor:
+        """out += forward(x, first_chunk), for a channels-last `out`: the repeated values are
+        read through a broadcast view of x, in out's order, not copied out first."""
+        ft, fs = self.time_factor, self.space_factor
+        b, c, t, h, w = x.shape
+        frames = t * ft - (ft - 1 if first_chunk else 0)
+        rows = out.permute(0, 2, 3, 4, 1)
+        if (first_chunk and t > 1) or not rows.is_contiguous() or \
+                rows.shape != (b, frames, h * fs, w * fs, self.out_channels):
+            return out.add_(self.forward(x, first_chunk))
+        spread = x.permute(0, 2, 3, 4, 1)[..., None].expand(b, t, h, w, c, self.repeats)
+        spread = spread.reshape(b, t, h, w, self.out_channels, ft, fs, fs)
+        spread = spread.permute(0, 1, 5, 2, 6, 3, 7, 4)  # [b, t, ft, h, fs, w, fs, out]
+        if first_chunk:
+            spread = spread[:, :, ft - 1:]
+        rows.view(b, t, spread.shape[2], h, fs, w, fs, self.out_channels).add_(spread)
+        return out
+
 
 class DownStage(nn.Module):
     """Residual blocks and an optional downsample, plus the averaging shortcut."""
@@ -140,6 +162,8 @@ class UpStage(nn.Module):
             h = layer(h, cache)
         if self.avg_shortcut is None:
             return h
+        if cache.channels_last:
+            return self.avg_shortcut.add_to(h, x, first_chunk=cache.is_first_chunk)
         return h.add_(self.avg_shortcut(x, first_chunk=cache.is_first_chunk))
 
 
@@ -192,7 +216,7 @@ class Decoder22(nn.Module):
         x = self.middle(x, cache)
         for stage in self.upsamples:
             x = stage(x, cache)
-        return unfold_pixels(self.head(x, cache), self.patch_size)
+        return unfold_pixels(self.head(x, cache), self.patch_size, cache.channels_last)
 
 
 class WanVAE22(CausalVideoVAE):

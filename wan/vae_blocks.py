@@ -8,6 +8,14 @@ their parameters, so nothing survives a call and repeated runs cannot grow memor
 
 Attribute names and the positions inside `residual`, `resample` and `head` are the key names of
 the official checkpoints, so their state dicts load strictly.
+
+On CUDA the decoder runs in the channels_last_3d memory format (CausalVideoVAE.decode_frames
+decides it once per call and records it on the cache): every pixel's channels are contiguous,
+which is the layout cuDNN's convolutions compute in, so no convolution converts its input or
+output. Each layer then keeps that layout: the reshaping layers copy in channels-last order,
+a causal convolution's input is written straight into one buffer behind its history (no
+concatenation), and the norm and SiLU before a convolution run as one pass (channel_norm.py)
+into that buffer. Elsewhere (the CPU, the encoder) the layers run as written for NCDHW.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from . import channel_norm
 
 # The encoder takes frame 0 alone, then chunks of this many frames (one latent frame each).
 ENCODE_CHUNK_FRAMES = 4
@@ -37,9 +47,11 @@ class CausalCache:
     layer holds at most one entry and an old entry is freed as soon as it has been used.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, channels_last: bool = False) -> None:
         self._frames: dict[nn.Module, torch.Tensor] = {}
         self._chunks_begun = 0
+        # the activations are channels_last_3d and the layers keep them so (see the module's doc)
+        self.channels_last = channels_last
 
     def begin_chunk(self) -> None:
         self._chunks_begun += 1
@@ -73,12 +85,37 @@ class CausalConv3d(nn.Conv3d):
     def forward(self, x: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
         if self.history_frames == 0:
             return super().forward(x)
+        if cache.channels_last:
+            stream, fresh = self.open_stream(x, cache)
+            fresh.copy_(x)
+            return self.run_stream(stream, cache)
         history = cache.take(self)
         parts = [x] if history is None else [history, x]
         missing = self.history_frames - (0 if history is None else history.shape[2])
         if missing > 0:
             parts.insert(0, x.new_zeros(x.shape[0], x.shape[1], missing, *x.shape[3:]))
         stream = torch.cat(parts, dim=2)
+        cache.keep(self, stream[:, :, -self.history_frames:])
+        return super().forward(stream)
+
+    def open_stream(self, x: torch.Tensor, cache: CausalCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """A channels-last buffer [B, C, history + T, H, W] for an input shaped like x: this
+        layer's history (zeros before the first frame) already in front, and the view of the T
+        frames behind it, for the caller to fill with the input before run_stream."""
+        k = self.history_frames
+        b, c, t, h, w = x.shape
+        stream = torch.empty((b, c, k + t, h, w), dtype=x.dtype, device=x.device,
+                             memory_format=torch.channels_last_3d)
+        history = cache.take(self)
+        missing = k - (0 if history is None else history.shape[2])
+        if missing > 0:
+            stream[:, :, :missing].zero_()
+        if history is not None:
+            stream[:, :, missing:k].copy_(history)
+        return stream, stream[:, :, k:]
+
+    def run_stream(self, stream: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        """The convolution of a buffer from open_stream, once filled; its last frames are kept."""
         cache.keep(self, stream[:, :, -self.history_frames:])
         return super().forward(stream)
 
@@ -111,6 +148,29 @@ class ChannelRMSNorm(nn.Module):
         gain = self.gamma.view(-1, *([1] * (x.dim() - 2)))
         return F.normalize(x, dim=1).mul_(self.scale).mul_(gain)
 
+    def into(self, x: torch.Tensor, out: torch.Tensor, silu: bool) -> torch.Tensor:
+        """The norm of x, then SiLU if `silu`, written into `out` (x's shape): in one pass by
+        the Triton kernel where it can (channels-last rows on CUDA), else as forward and
+        F.silu, copied."""
+        if channel_norm.kernel_usable(x, out):
+            return channel_norm.launch(x, self.gamma, self.scale, silu, out)
+        y = self(x)
+        return out.copy_(F.silu(y, inplace=True) if silu else y)
+
+
+def _channels_last_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.channels_last_3d)
+
+
+def _norm_silu_conv(norm: ChannelRMSNorm, conv: CausalConv3d, x: torch.Tensor,
+                    cache: CausalCache) -> torch.Tensor:
+    """conv(silu(norm(x))) on channels-last activations: the norm and SiLU are written
+    straight into the convolution's input buffer, behind its history."""
+    stream, fresh = conv.open_stream(x, cache)
+    norm.into(x, fresh, silu=True)
+    del fresh
+    return conv.run_stream(stream, cache)
+
 
 class ResidualBlock(nn.Module):
     """norm -> SiLU -> causal conv -> norm -> SiLU -> dropout -> causal conv, plus a shortcut."""
@@ -128,6 +188,10 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         norm1, act1, conv1, norm2, act2, dropout, conv2 = self.residual
+        if cache.channels_last and not (dropout.training and dropout.p > 0):
+            h = _norm_silu_conv(norm1, conv1, x, cache)
+            h = _norm_silu_conv(norm2, conv2, h, cache)
+            return h.add_(self.shortcut(x))
         # One step per line, so each intermediate is freed as soon as the next one exists.
         h = act1(norm1(x))
         h = conv1(h, cache)
@@ -148,7 +212,10 @@ class FrameAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
         # `cache` is unused (nothing crosses frames); it keeps the layer interface uniform.
         b, c, t, h, w = x.shape
-        qkv = self.to_qkv(self.norm(x))
+        if cache is not None and cache.channels_last:
+            qkv = self.to_qkv(self.norm.into(x, _channels_last_like(x), silu=False))
+        else:
+            qkv = self.to_qkv(self.norm(x))
         tokens = qkv.permute(0, 2, 3, 4, 1).reshape(b * t, 1, h * w, 3 * c)
         q, k, v = tokens.chunk(3, dim=-1)
         out = F.scaled_dot_product_attention(q, k, v)
@@ -172,8 +239,20 @@ class NearestUpsample2x(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, t, h, w = x.shape
+        if _is_channels_last(x):  # the copy in channels-last order
+            rows = x.permute(0, 2, 3, 4, 1)
+            blocks = rows[:, :, :, None, :, None].expand(b, t, h, 2, w, 2, c)
+            return blocks.contiguous().view(b, t, 2 * h, 2 * w, c).permute(0, 4, 1, 2, 3)
         blocks = x[:, :, :, :, None, :, None].expand(b, c, t, h, 2, w, 2)
         return blocks.reshape(b, c, t, 2 * h, 2 * w)
+
+
+def _is_channels_last(x: torch.Tensor) -> bool:
+    """x [B, C, T, H, W] holds each pixel's channels contiguously, and is not plain NCDHW
+    (only for layers that move values and compute nothing, where both layouts give the same
+    values)."""
+    return x.shape[1] > 1 and not x.is_contiguous() and \
+        x.is_contiguous(memory_format=torch.channels_last_3d)
 
 
 class Downsample(nn.Module):
@@ -223,6 +302,10 @@ class Upsample(nn.Module):
 def _interleave_channel_halves(x: torch.Tensor) -> torch.Tensor:
     """[B, 2C, T, H, W] -> [B, C, 2T, H, W]: frame 2t from the first half, 2t+1 from the second."""
     b, c2, t, h, w = x.shape
+    if _is_channels_last(x):  # the copy in channels-last order
+        rows = x.permute(0, 2, 3, 4, 1).reshape(b, t, h, w, 2, c2 // 2)
+        return rows.permute(0, 1, 4, 2, 3, 5).contiguous().view(b, 2 * t, h, w, c2 // 2) \
+            .permute(0, 4, 1, 2, 3)
     return x.view(b, 2, c2 // 2, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c2 // 2, 2 * t, h, w)
 
 
@@ -248,6 +331,8 @@ class OutputHead(nn.Sequential):
 
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         norm, act, conv = self
+        if cache.channels_last:
+            return _norm_silu_conv(norm, conv, x, cache)
         return conv(act(norm(x)), cache)
 
 
@@ -257,7 +342,13 @@ class CausalVideoVAE(nn.Module):
     Subclasses build `encoder(chunk, cache)`, which maps a chunk of RGB frames to the 2*z_dim
     moments, and `decoder(latent_frame, cache)`, which maps one latent frame to RGB frames.
     Outputs come in the parameter dtype on the parameter device.
+
+    The decoder runs in `decode_memory_format` (None: channels_last_3d on CUDA, NCDHW
+    elsewhere); a decode first brings the decoder's convolution weights into that format, in
+    place (a placement that swaps the weights in and out brings its own back).
     """
+
+    decode_memory_format: torch.memory_format | None = None
 
     def __init__(self, encoder: nn.Module, decoder: nn.Module, z_dim: int, spatial_stride: int,
                  temporal_stride: int) -> None:
@@ -299,10 +390,20 @@ class CausalVideoVAE(nn.Module):
             raise ValueError(f"expected a latent [B, {self.z_dim}, T, h, w], got {list(mu.shape)}")
         return self._decode_frames(mu)
 
+    def _decode_layout(self, x: torch.Tensor) -> torch.memory_format:
+        if self.decode_memory_format is not None:
+            return self.decode_memory_format
+        return torch.channels_last_3d if x.is_cuda else torch.contiguous_format
+
     @torch.no_grad()
     def _decode_frames(self, mu: torch.Tensor) -> Iterator[torch.Tensor]:
         x = self.conv2(self._like_parameters(mu))
-        cache = CausalCache()
+        layout = self._decode_layout(x)
+        channels_last = layout == torch.channels_last_3d
+        if channels_last:
+            x = x.contiguous(memory_format=layout)
+        set_weight_layout(self.decoder, channels_last)
+        cache = CausalCache(channels_last=channels_last)
         for t in range(x.shape[2]):
             cache.begin_chunk()
             yield self.decoder(x[:, :, t:t + 1], cache)
@@ -314,3 +415,21 @@ class CausalVideoVAE(nn.Module):
         are joined; callers that want a bounded footprint consume decode_frames instead.
         """
         return torch.cat(list(self.decode_frames(mu)), dim=2)
+
+
+def set_weight_layout(module: nn.Module, channels_last: bool) -> None:
+    """Bring the weights of the convolutions in `module` into channels-last order (channels_last
+    and channels_last_3d) or back to contiguous, in place where they are not so already."""
+    for conv in module.modules():
+        if not isinstance(conv, (nn.Conv2d, nn.Conv3d)):
+            continue
+        weight = conv.weight
+        if not channels_last:
+            layout = torch.contiguous_format
+        else:
+            layout = torch.channels_last_3d if weight.dim() == 5 else torch.channels_last
+        if not weight.is_contiguous(memory_format=layout):
+            # a normal tensor also when the decode runs in inference mode (as ComfyUI's nodes
+            # do), so the weights stay usable where autograd records
+            with torch.inference_mode(False), torch.no_grad():
+                weight.data = weight.data.contiguous(memory_format=layout)

@@ -102,6 +102,7 @@ import argparse
 import asyncio
 import copy
 import gc
+import inspect
 import json
 import logging
 import os
@@ -558,6 +559,11 @@ class Comfy:
         self.import_seconds = time.perf_counter() - start
         self.current: Call | None = None
         comfy.utils.set_progress_bar_global_hook(self._progress)
+        # later ComfyUIs than 0.3.64 pass the hook only some of the steps (at least an interval
+        # and a share of the total apart); the step times need every step
+        for name in ("PROGRESS_THROTTLE_MIN_INTERVAL", "PROGRESS_THROTTLE_MIN_PERCENT"):
+            if hasattr(comfy.utils, name):
+                setattr(comfy.utils, name, 0)
         original = mm.load_models_gpu
 
         def timed_load_models_gpu(*a, **k):
@@ -590,7 +596,11 @@ class Comfy:
         if _ComfyNodeInternal is not None and isinstance(cls, type) \
                 and issubclass(cls, _ComfyNodeInternal):
             cls.VALIDATE_CLASS()
-            clone = cls.PREPARE_CLASS_CLONE({"UNIQUE_ID": unique_id})
+            hidden = {"UNIQUE_ID": unique_id}
+            # ComfyUI 0.3.64 takes the hidden inputs; later ones a dict holding them (v3_data)
+            first = next(iter(inspect.signature(cls.PREPARE_CLASS_CLONE).parameters))
+            clone = cls.PREPARE_CLASS_CLONE(
+                {"hidden_inputs": hidden} if first == "v3_data" else hidden)
             function = make_locked_method_func(cls, cls.FUNCTION, clone)
         else:
             function = getattr(cls(), cls.FUNCTION)

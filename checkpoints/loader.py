@@ -117,7 +117,8 @@ _LOADER_FOR = {"dit": "model loader", "vae21": "VAE loader", "vae22": "VAE loade
 
 def _map_keys(path: Path, source: TensorSource, identity: Identity):
     keys = source.keys()
-    auxiliary = {k for k in keys if k.endswith(_AUXILIARY_SUFFIXES) or k in _MARKER_KEYS}
+    auxiliary = {k for k in keys
+                 if k.endswith(_AUXILIARY_SUFFIXES) or k.rsplit(".", 1)[-1] in _MARKER_KEYS}
     scale_of = {}
     for k in keys:
         for suffix in _WEIGHT_SCALE_SUFFIXES:

@@ -128,7 +128,11 @@ def fp8_scaled(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out[key[:-len(".weight")] + ".scale_weight"] = scale.reshape(())
         else:
             out[key] = value
-    out["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    # the marker goes under the weights' prefix: ComfyUI reads it there (a file's keys are
+    # taken without their prefix, the others dropped)
+    prefix = "model.diffusion_model." if any(k.startswith("model.diffusion_model.")
+                                              for k in state) else ""
+    out[prefix + "scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
     return out
 
 

@@ -77,7 +77,7 @@ def test_fp8_scaled_file_keeps_its_scales_and_markers(tmp_path, loras):
     out = tmp_path / "merged_fp8.safetensors"
     assert main(["lora", "merge", str(model), str(loras[0]), "--out", str(out)]) == 0
     keys, _ = header(out)
-    assert keys == header(model)[0] and "scaled_fp8" in keys
+    assert keys == header(model)[0] and "model.diffusion_model.scaled_fp8" in keys
     ours = load_dit(out, torch.float32)[0].state_dict()
     expected = merged_at_load(model, [(loras[0], 1.0)], torch.float32)
     for key in expected:

@@ -110,6 +110,11 @@ def test_the_norm_into_a_buffer_falls_back_to_the_modules_off_cuda():
     assert torch.equal(out, torch.nn.functional.silu(norm(x)))
     # the statement the kernel is tested against is the module's arithmetic in float32
     assert (channel_norm.reference(x, norm.gamma, norm.scale, True) - out).abs().max() <= 1e-6
+    bias = torch.randn(6)
+    norm.into(x, out, silu=False, bias=bias)
+    assert torch.equal(out, norm(x + bias.view(6, 1, 1, 1)))
+    assert (channel_norm.reference(x, norm.gamma, norm.scale, False, bias) - out).abs().max() \
+        <= 1e-6
 
 
 def test_channels_last_rows_are_recognised():
@@ -125,24 +130,26 @@ def test_channels_last_rows_are_recognised():
 @pytest.mark.gpu
 @pytest.mark.parametrize("channels", [96, 192, 256, 384, 1024, 12])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("silu", [True, False])
-def test_channel_norm_kernel_matches_its_statement(channels, dtype, silu):
+@pytest.mark.parametrize("silu,with_bias", [(True, False), (False, False), (True, True)])
+def test_channel_norm_kernel_matches_its_statement(channels, dtype, silu, with_bias):
     gen = torch.Generator(device="cuda").manual_seed(channels)
     x = channels_last(torch.randn(2, channels, 3, 9, 11, device="cuda", generator=gen) * 3)
     x = x.to(dtype)
     x[0, :, 0, 0, 0] = 0  # a zero pixel: the norm's floor, no NaN
     gamma = torch.randn(channels, 1, 1, 1, device="cuda", generator=gen).to(dtype)
+    bias = torch.randn(channels, device="cuda", generator=gen).to(dtype) if with_bias else None
     buffer = torch.full((2, channels, 5, 9, 11), float("nan"), device="cuda",
                         dtype=dtype).contiguous(memory_format=CL)
     out = buffer[:, :, 2:]
     assert channel_norm.kernel_usable(x, out)
-    channel_norm.launch(x, gamma, channels ** 0.5, silu, out)
-    expected = channel_norm.reference(x, gamma, channels ** 0.5, silu)
+    channel_norm.launch(x, gamma, channels ** 0.5, silu, out, bias)
+    expected = channel_norm.reference(x, gamma, channels ** 0.5, silu, bias)
     assert torch.isnan(buffer[:, :, :2]).all()  # nothing written outside the view
     assert not torch.isnan(out).any()
     error = (out.double() - expected.double()).abs()
-    # one rounding of a float32 value a few ulps away: at most one step of the output dtype
-    step = torch.finfo(dtype).eps
+    # one rounding of a float32 value a few float32 ulps away: at most one step of bf16; in
+    # float32 the product is formed in another order (x * (scale / norm) * gamma)
+    step = torch.finfo(dtype).eps if dtype == torch.bfloat16 else 1e-5
     assert (error <= step * expected.double().abs() + 1e-6).all(), float(error.max())
 
 

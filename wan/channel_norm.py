@@ -24,9 +24,13 @@ ROW_BLOCK_ELEMENTS = 8192  # rows x (channels rounded up to a power of two) per 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def reference(x: torch.Tensor, gamma: torch.Tensor, scale: float, silu: bool) -> torch.Tensor:
-    """The kernel's result in PyTorch: float32 throughout, rounded once to x's dtype."""
+def reference(x: torch.Tensor, gamma: torch.Tensor, scale: float, silu: bool,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernel's result in PyTorch: float32 throughout (x + bias where a per-channel bias
+    is given), rounded once to x's dtype."""
     v = x.float()
+    if bias is not None:
+        v = v + bias.float().reshape(-1, *([1] * (x.dim() - 2)))
     gain = gamma.float().reshape(-1, *([1] * (x.dim() - 2)))
     y = F.normalize(v, dim=1) * scale * gain
     if silu:
@@ -51,9 +55,9 @@ def kernel_usable(x: torch.Tensor, out: torch.Tensor) -> bool:
 
 
 def launch(x: torch.Tensor, gamma: torch.Tensor, scale: float, silu: bool,
-           out: torch.Tensor) -> torch.Tensor:
-    """reference(x, gamma, scale, silu) written into `out` by the Triton kernel (callers check
-    kernel_usable(x, out)); returns out."""
+           out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """reference(x, gamma, scale, silu, bias) written into `out` by the Triton kernel (callers
+    check kernel_usable(x, out)); returns out."""
     from .channel_norm_kernel import channel_norm_kernel
 
     batch, channels = x.shape[:2]
@@ -61,8 +65,10 @@ def launch(x: torch.Tensor, gamma: torch.Tensor, scale: float, silu: bool,
     block_c = 1 << max(0, (channels - 1).bit_length())
     block_rows = max(1, ROW_BLOCK_ELEMENTS // block_c)
     gamma = gamma.reshape(-1).contiguous()
+    bias = gamma if bias is None else bias.reshape(-1).contiguous()
     grid = (-(-rows // block_rows), batch)
-    channel_norm_kernel[grid](x, gamma, out, rows, channels, batch_stride(x), batch_stride(out),
-                              float(scale), SILU=silu, BLOCK_ROWS=block_rows, BLOCK_C=block_c,
-                              num_warps=8, **KERNEL_OPTIONS)
+    channel_norm_kernel[grid](x, bias, gamma, out, rows, channels, batch_stride(x),
+                              batch_stride(out), float(scale), HAS_BIAS=bias is not gamma,
+                              SILU=silu, BLOCK_ROWS=block_rows, BLOCK_C=block_c, num_warps=8,
+                              **KERNEL_OPTIONS)
     return out

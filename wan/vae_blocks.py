@@ -114,10 +114,13 @@ class CausalConv3d(nn.Conv3d):
             stream[:, :, missing:k].copy_(history)
         return stream, stream[:, :, k:]
 
-    def run_stream(self, stream: torch.Tensor, cache: CausalCache) -> torch.Tensor:
-        """The convolution of a buffer from open_stream, once filled; its last frames are kept."""
+    def run_stream(self, stream: torch.Tensor, cache: CausalCache,
+                   bias: bool = True) -> torch.Tensor:
+        """The convolution of a buffer from open_stream, once filled; its last frames are kept.
+        Without `bias` the bias is left for the caller to add (cuDNN's convolutions leave it to a
+        pass of its own)."""
         cache.keep(self, stream[:, :, -self.history_frames:])
-        return super().forward(stream)
+        return self._conv_forward(stream, self.weight, self.bias if bias else None)
 
 
 class FrameConv2d(nn.Conv2d):
@@ -148,12 +151,15 @@ class ChannelRMSNorm(nn.Module):
         gain = self.gamma.view(-1, *([1] * (x.dim() - 2)))
         return F.normalize(x, dim=1).mul_(self.scale).mul_(gain)
 
-    def into(self, x: torch.Tensor, out: torch.Tensor, silu: bool) -> torch.Tensor:
-        """The norm of x, then SiLU if `silu`, written into `out` (x's shape): in one pass by
-        the Triton kernel where it can (channels-last rows on CUDA), else as forward and
-        F.silu, copied."""
+    def into(self, x: torch.Tensor, out: torch.Tensor, silu: bool,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The norm of x (plus a per-channel `bias` first, where given), then SiLU if `silu`,
+        written into `out` (x's shape): in one pass by the Triton kernel where it can
+        (channels-last rows on CUDA), else as forward and F.silu, copied."""
         if channel_norm.kernel_usable(x, out):
-            return channel_norm.launch(x, self.gamma, self.scale, silu, out)
+            return channel_norm.launch(x, self.gamma, self.scale, silu, out, bias)
+        if bias is not None:
+            x = x + bias.view(-1, *([1] * (x.dim() - 2)))
         y = self(x)
         return out.copy_(F.silu(y, inplace=True) if silu else y)
 
@@ -163,13 +169,15 @@ def _channels_last_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def _norm_silu_conv(norm: ChannelRMSNorm, conv: CausalConv3d, x: torch.Tensor,
-                    cache: CausalCache) -> torch.Tensor:
-    """conv(silu(norm(x))) on channels-last activations: the norm and SiLU are written
-    straight into the convolution's input buffer, behind its history."""
+                    cache: CausalCache, x_bias: torch.Tensor | None = None,
+                    conv_bias: bool = True) -> torch.Tensor:
+    """conv(silu(norm(x + x_bias))) on channels-last activations: the norm and SiLU are written
+    straight into the convolution's input buffer, behind its history. Without `conv_bias` the
+    result lacks the convolution's bias (the next norm adds it as its x_bias)."""
     stream, fresh = conv.open_stream(x, cache)
-    norm.into(x, fresh, silu=True)
+    norm.into(x, fresh, silu=True, bias=x_bias)
     del fresh
-    return conv.run_stream(stream, cache)
+    return conv.run_stream(stream, cache, bias=conv_bias)
 
 
 class ResidualBlock(nn.Module):
@@ -189,8 +197,8 @@ class ResidualBlock(nn.Module):
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         norm1, act1, conv1, norm2, act2, dropout, conv2 = self.residual
         if cache.channels_last and not (dropout.training and dropout.p > 0):
-            h = _norm_silu_conv(norm1, conv1, x, cache)
-            h = _norm_silu_conv(norm2, conv2, h, cache)
+            h = _norm_silu_conv(norm1, conv1, x, cache, conv_bias=conv1.bias is None)
+            h = _norm_silu_conv(norm2, conv2, h, cache, x_bias=conv1.bias)
             return h.add_(self.shortcut(x))
         # One step per line, so each intermediate is freed as soon as the next one exists.
         h = act1(norm1(x))

@@ -10,5 +10,12 @@ needs ComfyUI or a GPU and does no heavy work: models load when a loader node ru
 # mappings to give (the tests import the installed `wan_enhanced`).
 if __package__:
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+    from .host import comfyui_version, untested_version_note
+
+    _note = untested_version_note(comfyui_version())
+    if _note:  # said once, as ComfyUI imports the package; the nodes load all the same
+        import logging
+
+        logging.getLogger("wan_enhanced").warning(_note)
 
     __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

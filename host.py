@@ -36,6 +36,43 @@ def in_comfyui() -> bool:
     return _comfy("folder_paths") is not None and _comfy("comfy.model_management") is not None
 
 
+# -- ComfyUI's release -------------------------------------------------------------------------
+
+# The ComfyUI releases the host tests run on (tests/test_comfyui_host*.py), oldest first.
+TESTED_COMFYUI = ("0.3.64", "0.30.0")
+
+
+def version_numbers(version: str | None) -> tuple[int, ...] | None:
+    """(0, 3, 64) for "0.3.64" or "v0.3.64"; None when it is not such a version."""
+    if not isinstance(version, str):
+        return None
+    parts = version.strip().lstrip("v").split(".")
+    if len(parts) < 2 or not all(part.isdigit() for part in parts[:3]):
+        return None
+    return tuple(int(part) for part in parts[:3])
+
+
+def comfyui_version() -> str | None:
+    """The release of the ComfyUI this process runs in (its comfyui_version module), or None
+    outside ComfyUI or where it does not say."""
+    version = getattr(_comfy("comfyui_version"), "__version__", None)
+    return version if isinstance(version, str) else None
+
+
+def untested_version_note(version: str | None) -> str | None:
+    """One line when `version` is a ComfyUI release outside TESTED_COMFYUI's range, else None
+    (also for an unknown version: nothing to say)."""
+    numbers = version_numbers(version)
+    if numbers is None:
+        return None
+    oldest, newest = (version_numbers(v) for v in (TESTED_COMFYUI[0], TESTED_COMFYUI[-1]))
+    if oldest <= numbers <= newest:
+        return None
+    return (f"comfyui-wan-enhanced: tested with ComfyUI {TESTED_COMFYUI[0]} to "
+            f"{TESTED_COMFYUI[-1]}; this is {version}. The nodes are loaded; report what does "
+            f"not work")
+
+
 # -- ComfyUI's own models ----------------------------------------------------------------------
 
 def native_wan_problem(model) -> str | None:

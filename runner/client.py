@@ -34,6 +34,7 @@ from ..atomic_files import claim, put_new
 from ..safe_paths import UnsafePathError, name_problem, path_inside
 from .stop_signals import FirstStopRaises
 from .executor import EventCallback, RunEvent, ui_file_entries
+from .graph_types import NodeRegistry, link_rule_for
 from .workflow import Issue, node_title
 
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
@@ -154,11 +155,23 @@ class Client:
                 self.log(f"warning: output node {node_id} "
                          f"({workflow[node_id].get('class_type')}) produced no output")
 
-    def registry(self) -> dict[str, type]:
+    def comfyui_version(self) -> str | None:
+        """The server's ComfyUI release (/system_stats), or None where it does not say."""
+        try:
+            stats = self._json("GET", "/system_stats")
+        except ServerError:
+            return None
+        system = stats.get("system") if isinstance(stats, Mapping) else None
+        version = system.get("comfyui_version") if isinstance(system, Mapping) else None
+        return version if isinstance(version, str) else None
+
+    def registry(self) -> NodeRegistry:
         """Stand-in node classes built from /object_info: enough to type --set values and
-        resolve sweep keys for nodes this process does not have."""
-        return {name: _stand_in(name, info) for name, info in self.object_info().items()
-                if isinstance(info, Mapping)}
+        resolve sweep keys for nodes this process does not have; links are checked by the
+        rule of the server's release."""
+        classes = {name: _stand_in(name, info) for name, info in self.object_info().items()
+                   if isinstance(info, Mapping)}
+        return NodeRegistry(classes, link_rule_for(self.comfyui_version()))
 
     def submit(self, workflow: Mapping, extra_data: Mapping | None = None,
                prompt_id: str | None = None) -> str:

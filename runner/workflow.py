@@ -6,9 +6,10 @@ every problem before anything runs instead of stopping at the first one:
 - every node names a known class_type, and at least one node is an output node;
 - for each node that leads to an output node: required inputs are present; links are
   [node_id, output_index] pairs pointing to an existing node and output; the linked output's type
-  fits the input's type as ComfyUI decides it (types_compatible: equal, or "A,B" alternatives
-  sharing one; a plain "*" is no wildcard, an any-type whose != says False fits all); constants
-  convert to the
+  fits the input's type as the ComfyUI the registry describes decides it (types_compatible:
+  equal, or "A,B" alternatives sharing one, an any-type whose != says False fits all; and by
+  release, graph_types.LinkRule: "*" and MatchType fit anything, a list of options a COMBO);
+  constants convert to the
   declared INT/FLOAT/STRING/BOOLEAN and lie within min/max, combo values are one of the choices
   (inputs named as VALIDATE_INPUTS parameters skip those checks, as in ComfyUI); VALIDATE_INPUTS
   accepts the constants;
@@ -35,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .graph_types import Issue, Registry, WorkflowError, is_link, node_title
+from .graph_types import (ANY_TYPE, COMBO_TYPE, CURRENT_LINKS, MATCH_TYPE, Issue, LinkRule,
+                          Registry, WorkflowError, is_link, link_rule_of, node_title)
 
 CONSTANT_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
-ANY_TYPE = "*"
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -229,7 +230,9 @@ def _check_inputs(node_id: str, nodes: dict, registry: Registry,
         if value is _BAD_LINK:
             continue  # already reported
         if is_link(value):
-            received = _check_link(nodes, registry, node_id, name, value, input_type,
+            # a link is checked against the declared type itself (a V3 combo's is "COMBO")
+            declared_type = spec[0] if isinstance(spec, (tuple, list)) and spec else spec
+            received = _check_link(nodes, registry, node_id, name, value, declared_type,
                                    "input_types" in custom_names, errors)
             if received is not None:
                 received_types[name] = received
@@ -277,24 +280,34 @@ def _check_link(nodes: dict, registry: Registry, node_id: str, name: str, link: 
                              f"linked to output {index} of {source_label}, which has {have}"))
         return None
     received = returns[index]
-    if not skip_type_check and not types_compatible(received, input_type):
+    if not skip_type_check and not types_compatible(received, input_type,
+                                                    link_rule_of(registry)):
         errors.append(_issue(nodes, node_id, name,
                              f"linked to output {index} of {source_label}, which is "
                              f"{_wire_name(received)}; expected {_wire_name(input_type)}"))
     return received
 
 
-def types_compatible(received: Any, expected: Any) -> bool:
+def types_compatible(received: Any, expected: Any, rule: LinkRule = CURRENT_LINKS) -> bool:
     """ComfyUI's rule (validate_node_input in comfy_execution/validation.py): types that are
     not unequal (`!=`, so that an any-type str whose != answers False, nodes/common.py AnyType,
-    fits everything, on either side), or comma-separated alternatives that share one type. A
-    plain "*" string is an ordinary type there: it fits only "*"."""
+    fits everything, on either side), or comma-separated alternatives that share one type;
+    and what `rule` adds for the release (graph_types.LinkRule). Under LEGACY_LINKS a plain "*"
+    is an ordinary type: it fits only "*"."""
     if not received != expected:
+        return True
+    if rule.any_star and ANY_TYPE in (received, expected):
+        return True
+    if rule.match_type and MATCH_TYPE in (received, expected):
+        return True
+    if rule.any_star and isinstance(received, list) and expected == COMBO_TYPE:
         return True
     if not isinstance(received, str) or not isinstance(expected, str):
         return False
     have = {t.strip() for t in received.split(",")}
     want = {t.strip() for t in expected.split(",")}
+    if rule.any_star and ANY_TYPE in have | want:
+        return True
     return bool(have & want)
 
 

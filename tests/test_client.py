@@ -62,8 +62,9 @@ class FakeComfyUI:
     """Enough of ComfyUI's server: /prompt, /history/<id>, /view, /interrupt, /queue,
     /object_info and /ws. `scenario` picks what a queued prompt does."""
 
-    def __init__(self, scenario: str):
+    def __init__(self, scenario: str, version: str | None = None):
         self.scenario = scenario
+        self.version = version  # what /system_stats says (None: no such route)
         self.log: list[tuple] = []  # ("POST", path, body) / ("GET", path) / ("sent", type)
         self.history: dict[str, dict] = {}
         self.sockets: dict[str, queue.Queue] = {}
@@ -183,6 +184,8 @@ class FakeComfyUI:
                     return self.reply(404, b"", "text/plain")
                 if url.path == "/object_info":
                     return self.reply(200, OBJECT_INFO)
+                if url.path == "/system_stats" and server.version is not None:
+                    return self.reply(200, {"system": {"comfyui_version": server.version}})
                 self.reply(404, {"error": "not found"})
 
             def do_POST(self):
@@ -697,3 +700,18 @@ def test_a_verdict_comfyui_files_under_every_input_it_names_is_placed_at_its_inp
         ("7", "a", "Custom validation failed for node: too big"),
         ("7", "b", "Custom validation failed for node: too big")]
     assert str(rejected).count("4n+1") == 1
+
+
+@pytest.mark.parametrize("version, star_fits", [("0.3.64", False), ("0.30.0", True),
+                                                (None, True)])
+def test_the_servers_registry_checks_links_by_its_release(version, star_fits):
+    """The registry built from a server's /object_info carries the link rule of the ComfyUI
+    release /system_stats names (a server that does not say gets today's rule)."""
+    from wan_enhanced.runner.workflow import types_compatible
+
+    with FakeComfyUI("ok", version=version) as server:
+        client = Client(server.url, timeout=5)
+        registry = client.registry()
+        assert client.comfyui_version() == version
+    assert set(registry) == set(OBJECT_INFO)
+    assert types_compatible("*", "LATENT", registry.link_rule) is star_fits

@@ -84,3 +84,33 @@ def test_text_encoding_reports_progress_per_block(tmp_path):
         host.set_headless_folders(models="models")
     blocks = len(encoder.model.blocks)
     assert blocks >= 2 and seen == [("Wan Text Encode", i, blocks) for i in range(1, blocks + 1)]
+
+
+def test_a_comfyui_outside_the_tested_range_gets_one_line_and_the_nodes(monkeypatch, caplog):
+    import importlib
+    import logging
+    import sys
+    import types
+
+    import wan_enhanced
+
+    assert host.TESTED_COMFYUI == ("0.3.64", "0.30.0")
+    for inside in ("0.3.64", "0.4.0", "v0.30.0", None, "unknown"):
+        assert host.untested_version_note(inside) is None, inside
+    for outside in ("0.3.63", "0.30.1", "0.35.0"):
+        note = host.untested_version_note(outside)
+        assert note == (f"comfyui-wan-enhanced: tested with ComfyUI 0.3.64 to 0.30.0; this is "
+                        f"{outside}. The nodes are loaded; report what does not work")
+    monkeypatch.setitem(sys.modules, "comfyui_version",
+                        types.SimpleNamespace(__version__="0.35.0"))
+    assert host.comfyui_version() == "0.35.0"
+    with caplog.at_level(logging.WARNING, logger="wan_enhanced"):
+        importlib.reload(wan_enhanced)
+    assert [r.getMessage() for r in caplog.records] == [host.untested_version_note("0.35.0")]
+    assert "WanEnhancedAttentionPatch" in wan_enhanced.NODE_CLASS_MAPPINGS
+    monkeypatch.setitem(sys.modules, "comfyui_version",
+                        types.SimpleNamespace(__version__="0.30.0"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="wan_enhanced"):
+        importlib.reload(wan_enhanced)
+    assert caplog.records == []

@@ -449,7 +449,8 @@ def test_constants_are_converted_and_types_match_like_comfyui():
 
 
 class PlainStar:
-    """A node written with a plain "*" string, as ComfyUI's /prompt sees it: no wildcard."""
+    """A node written with a plain "*" string, as ComfyUI's /prompt sees it: no wildcard up to
+    ComfyUI 0.7, any type from 0.8."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -462,24 +463,90 @@ class PlainStar:
         return (value,)
 
 
-def test_a_plain_star_is_no_wildcard_and_the_any_type_fits_both_ways():
-    """ComfyUI's validate_node_input: '*' output into TENSOR and TENSOR into '*' are refused
-    (return_type_mismatch); the any-type str (nodes/common.py) fits on either side."""
-    registry = {**REGISTRY, "PlainStar": PlainStar}
-    refused = {"1": node("MakeTensor", size=2), "2": node("PlainStar", value=["1", 0]),
-               "3": node("Scale", tensor=["2", 0], factor=2),
-               "4": node("SaveValue", value=["3", 0], filename_prefix="x")}
+class Switch:
+    """A V3 node with MatchType ends (ComfyUI's ComfySwitchNode) and a V3 combo input."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"on_true": ("COMFY_MATCHTYPE_V3",),
+                             "mode": ("COMBO", {"options": ["a", "b"]})}}
+
+    RETURN_TYPES = ("COMFY_MATCHTYPE_V3",)
+    FUNCTION = "switch"
+
+
+class Options:
+    """A node whose output is a list of options (custom nodes do this for combos)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    RETURN_TYPES = (["a", "b"],)
+    FUNCTION = "options"
+
+
+def test_a_plain_star_is_no_wildcard_before_comfyui_0_8_and_the_any_type_fits_both_ways():
+    """ComfyUI 0.3.64's validate_node_input: '*' output into TENSOR and TENSOR into '*' are
+    refused (return_type_mismatch); the any-type str (nodes/common.py) fits on either side.
+    From 0.8.0 a plain '*' fits anything, alone or among alternatives."""
+    from wan_enhanced.runner.graph_types import (CURRENT_LINKS, LEGACY_LINKS, NodeRegistry,
+                                                 link_rule_for)
+    from wan_enhanced.runner.workflow import types_compatible
+
+    classes = {**REGISTRY, "PlainStar": PlainStar}
+    graph = {"1": node("MakeTensor", size=2), "2": node("PlainStar", value=["1", 0]),
+             "3": node("Scale", tensor=["2", 0], factor=2),
+             "4": node("SaveValue", value=["3", 0], filename_prefix="x")}
     with pytest.raises(WorkflowError) as excinfo:
-        validate(refused, registry)
+        validate(graph, NodeRegistry(classes, link_rule_for("0.3.64")))
     assert messages(excinfo) == [
         'node 2 (PlainStar), input "value": linked to output 0 of node 1 (MakeTensor), which '
         'is TENSOR; expected *',
         'node 3 (Scale), input "tensor": linked to output 0 of node 2 (PlainStar), which is *; '
         'expected TENSOR']
-    from wan_enhanced.runner.workflow import types_compatible
-    assert types_compatible(ANY, "WANMODEL") and types_compatible("WANMODEL", ANY)
-    assert types_compatible(ANY, ["a", "b"]) and not types_compatible("*", "WANMODEL")
-    assert types_compatible("LATENT,TENSOR", "TENSOR") and not types_compatible("A,B", "C")
+    for registry in (NodeRegistry(classes, link_rule_for("0.30.0")), classes):
+        assert validate(graph, registry).order  # today's rule, also for our own nodes
+    for rule in (LEGACY_LINKS, CURRENT_LINKS):
+        assert types_compatible(ANY, "WANMODEL", rule) and types_compatible("WANMODEL", ANY, rule)
+        assert types_compatible(ANY, ["a", "b"], rule)
+        assert types_compatible("LATENT,TENSOR", "TENSOR", rule)
+        assert not types_compatible("A,B", "C", rule)
+    assert not types_compatible("*", "WANMODEL", LEGACY_LINKS)
+    assert types_compatible("*", "WANMODEL", CURRENT_LINKS)
+    assert types_compatible("WANMODEL", "LATENT,*", CURRENT_LINKS)
+
+
+def test_matchtype_ends_and_options_into_a_combo_follow_the_release():
+    """MatchType ends fit anything from ComfyUI 0.4.0 (our latent through its switch node); a
+    list of options into a V3 COMBO input from 0.8.0; a V3 combo's link is checked against
+    "COMBO" itself, not its options."""
+    from wan_enhanced.runner.graph_types import NodeRegistry, link_rule_for
+
+    classes = {**REGISTRY, "Switch": Switch, "Options": Options}
+    graph = {"1": node("MakeTensor", size=2), "2": node("Options"),
+             "3": node("Switch", on_true=["1", 0], mode=["2", 0]),
+             "4": node("Scale", tensor=["3", 0], factor=2),
+             "5": node("SaveValue", value=["4", 0], filename_prefix="x")}
+    for version, refused in (("0.3.64", ["on_true", "mode", "tensor"]), ("0.4.0", ["mode"]),
+                             ("0.7.0", ["mode"]), ("v0.8.0", []), ("0.30.0", []),
+                             (None, [])):
+        registry = NodeRegistry(classes, link_rule_for(version))
+        if not refused:
+            assert validate(graph, registry).order, version
+            continue
+        with pytest.raises(WorkflowError) as excinfo:
+            validate(graph, registry)
+        assert [e.input_name for e in excinfo.value.errors] == refused, version
+
+
+def test_versions_are_read_as_numbers():
+    from wan_enhanced.host import version_numbers
+
+    assert version_numbers("0.3.64") == (0, 3, 64) and version_numbers("v0.30.0") == (0, 30, 0)
+    assert version_numbers("0.10.1") == (0, 10, 1) and version_numbers("0.10.x") is None
+    assert version_numbers("unknown") is None and version_numbers(None) is None
+    assert version_numbers("0.30.0") > version_numbers("0.8.0") > version_numbers("0.3.64")
 
 
 def test_validate_inputs_replaces_the_builtin_checks_for_its_inputs():

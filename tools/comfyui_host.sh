@@ -6,7 +6,9 @@
 #   tools/comfyui_host.sh COMFYUI            build the host (once) and load every node once
 #   tools/comfyui_host.sh COMFYUI serve [P]  build it and start a server on 127.0.0.1:P (8188)
 #
-# COMFYUI is a ComfyUI git repository: a URL, a local clone or a bare mirror. The host is made
+# COMFYUI is a ComfyUI git repository: a URL, a local clone or a bare mirror; REF (the
+# environment, optional) a commit or tag of it to check out (the tested releases: 0.3.64 and
+# 0.30.0, host.TESTED_COMFYUI). The host is made
 # in $COMFYUI_HOME (default: $TMPDIR/comfyui-host-NAME, NAME this repository's folder): a work tree
 # of ComfyUI, a virtual environment with PyTorch for the CPU, ComfyUI's requirements and this
 # package's dependencies, and this repository linked into custom_nodes/. Then
@@ -25,7 +27,8 @@ mkdir -p "$home"
 if [[ ! -f $home/ComfyUI/main.py ]]; then
   git clone -q "$source" "$home/ComfyUI" 2>/dev/null || true
   # a mirror may lack a few large files: check out what is there
-  git -C "$home/ComfyUI" checkout -q -f HEAD -- . 2>/dev/null || true
+  git -C "$home/ComfyUI" checkout -q -f "${REF:-HEAD}" 2>/dev/null \
+    || git -C "$home/ComfyUI" checkout -q -f "${REF:-HEAD}" -- . 2>/dev/null || true
   [[ -f $home/ComfyUI/main.py ]] || { echo "no ComfyUI work tree could be made from $source" >&2; exit 2; }
 fi
 
@@ -33,9 +36,12 @@ py=$home/venv/bin/python
 if [[ ! -x $py ]]; then
   "$python" -m venv "$home/venv"
   "$py" -m pip install -q --upgrade pip
-  # PyTorch for the CPU first (ComfyUI needs torchvision too); a CUDA build works as well
-  "$py" -m pip install -q torch torchvision --index-url https://download.pytorch.org/whl/cpu \
-    || "$py" -m pip install -q torch torchvision
+  # PyTorch for the CPU first, with the torchvision and torchaudio ComfyUI imports (newer
+  # releases import torchaudio at start-up); PyTorch's own index is tried once, briefly, and
+  # without it the default index's builds serve (a CUDA build works as well)
+  "$py" -m pip install -q --retries 0 --timeout 15 torch torchvision torchaudio \
+    --index-url https://download.pytorch.org/whl/cpu \
+    || "$py" -m pip install -q torch torchvision torchaudio
   grep -v -E '^(torch|torchvision|torchaudio)([<>=~ ].*)?$' "$home/ComfyUI/requirements.txt" \
     > "$home/requirements.txt"
   # requests is used by ComfyUI without being listed; pytest runs the host tests
@@ -44,7 +50,7 @@ fi
 # A CPU build of PyTorch beside torchvision's default (CUDA) build, which is what an index
 # without PyTorch's CPU builds gives, cannot load torchvision's operators ("operator
 # torchvision::nms does not exist"): then take a matching default pair from the index.
-if ! "$py" -c "import torchvision" >/dev/null 2>&1; then
+if ! "$py" -c "import torchvision, torchaudio" >/dev/null 2>&1; then
   "$py" -m pip install -q --upgrade torch torchvision torchaudio
 fi
 # this package's own dependencies, as a ComfyUI user's install adds them (Python 3.11+)

@@ -17,6 +17,12 @@ LoRAs, caches and compile nodes keep working around it.
 
 Modes: "fp8" our fp8 attention kernel; "bf16" our exact Hopper kernel; "auto" the fp8 kernel
 where it runs, else the exact one, else ComfyUI's.
+
+CUDA graphs: newer ComfyUIs (their "model compiler") run a block once, then capture it into a
+CUDA graph and replay that. A kernel's first launch for a shape builds and loads it, which a
+capture cannot hold; so a call made while the stream is capturing, of a kernel and shapes that
+have not run uncaptured in this process, is handed back (ComfyUI's own attention is
+capture-safe). After ComfyUI's uncaptured first run, the captured calls are ours.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import torch
 MODES = ("auto", "fp8", "bf16")
 HEAD_DIM = 128
 _LOG = logging.getLogger("wan_enhanced")
+# (kernel, query shape, key shape, dtype, device) of calls that ran outside a CUDA graph capture
+_RAN_UNCAPTURED: set[tuple] = set()
 
 
 class NativeAttention:
@@ -48,13 +56,18 @@ class NativeAttention:
                  skip_output_reshape=False, **kwargs):
         kernel, reason = self.kernel_for(q, k, v, heads, mask, skip_reshape)
         if kernel is None:
-            self._hand_back(reason)
-            options = dict(mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
-                           skip_output_reshape=skip_output_reshape, **kwargs)
-            if self.inner is not None:
-                return self.inner(func, q, k, v, heads, **options)
-            return func(q, k, v, heads, **options)
+            return self._handed_back_call(reason, func, q, k, v, heads, mask, attn_precision,
+                                          skip_reshape, skip_output_reshape, kwargs)
         name, attend = kernel
+        signature = (name, tuple(q.shape), tuple(k.shape), q.dtype, q.device)
+        if _capturing(q):
+            if signature not in _RAN_UNCAPTURED:
+                return self._handed_back_call(
+                    "a CUDA graph capture before the kernel ran uncaptured at these shapes",
+                    func, q, k, v, heads, mask, attn_precision, skip_reshape,
+                    skip_output_reshape, kwargs)
+        else:
+            _RAN_UNCAPTURED.add(signature)
         self.ours[name] += 1
         q4, k4, v4 = (_heads_last(t, heads, skip_reshape) for t in (q, k, v))
         out = attend(q4, k4, v4)  # [B, Lq, heads, head_dim]
@@ -99,6 +112,17 @@ class NativeAttention:
         fewest = min(c[2] for c in runnable)
         return None, f"short key sequences (under {fewest}: text)"
 
+    def _handed_back_call(self, reason, func, q, k, v, heads, mask, attn_precision,
+                          skip_reshape, skip_output_reshape, kwargs):
+        """The call given to the override installed before ours, else to ComfyUI's function,
+        unchanged; the reason counted (and said once)."""
+        self._hand_back(reason)
+        options = dict(mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
+                       skip_output_reshape=skip_output_reshape, **kwargs)
+        if self.inner is not None:
+            return self.inner(func, q, k, v, heads, **options)
+        return func(q, k, v, heads, **options)
+
     def _hand_back(self, reason: str) -> None:
         if reason not in self.handed_back:
             _LOG.info("Wan Enhanced Attention (%s): ComfyUI's attention takes the calls with %s",
@@ -109,6 +133,11 @@ class NativeAttention:
         # ComfyUI deep-copies a patched model's options for every clone: the clones share one
         # override (and its counts), as they share the model
         return self
+
+
+def _capturing(tensor: torch.Tensor) -> bool:
+    """Whether the current CUDA stream is being captured into a graph (never on a CPU)."""
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _heads_last(tensor: torch.Tensor, heads: int, skip_reshape: bool) -> torch.Tensor:

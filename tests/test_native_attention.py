@@ -85,6 +85,31 @@ def test_a_call_our_kernel_takes_gives_comfyuis_layout_and_values(monkeypatch, s
     assert override.ours == {"stand-in": 1}
 
 
+def test_a_cuda_graph_capture_gets_our_kernel_only_after_it_ran_uncaptured(monkeypatch):
+    """Newer ComfyUIs run a block once, then capture it into a CUDA graph: a kernel's first
+    launch at a shape cannot be captured, so a capture before an uncaptured run at the same
+    shapes hands the call back; after one, captured calls are ours."""
+    from wan_enhanced.pipeline import native_attention
+
+    capturing = [True]
+    monkeypatch.setattr(native_attention, "_capturing", lambda tensor: capturing[0])
+    monkeypatch.setattr(native_attention, "_RAN_UNCAPTURED", set())
+    override = NativeAttention("auto")
+    monkeypatch.setattr(override, "kernel_for",
+                        lambda *a: (("stand-in", our_layout_reference), None))
+    q, k, v = qkv(dtype=torch.float32)
+    expected = comfy_attention(q, k, v, 2)
+    for capture, ours in ((True, 0), (False, 1), (True, 2)):
+        capturing[0] = capture
+        assert torch.allclose(override(comfy_attention, q, k, v, 2), expected, atol=1e-5)
+        assert override.ours.get("stand-in", 0) == ours
+    reason = "a CUDA graph capture before the kernel ran uncaptured at these shapes"
+    assert override.handed_back == {reason: 1}
+    other = qkv(length=2048, dtype=torch.float32)  # new shapes: handed back again
+    override(comfy_attention, *other, 2)
+    assert override.handed_back == {reason: 2} and override.ours["stand-in"] == 2
+
+
 def fake_cuda(monkeypatch, fp8=None, exact=None):
     """Our kernels' availability as on a GPU (None: it runs)."""
     from wan_enhanced.wan import attention as backends

@@ -1,7 +1,8 @@
 """Wan Enhanced Attention on ComfyUI's own Wan graphs: each template's sampling with ComfyUI's
 attention and with the patch, in one process, and each side's distance to a float32 forward.
 
-    python bench/native_attention_gpu.py --comfyui PATH --out DIR [--case NAME ...] [--tiny]
+    python bench/native_attention_gpu.py --comfyui PATH --out DIR [--case NAME ...]
+        [--mode auto|fp8|bf16] [--weights default|fp8_e4m3fn_fast] [--compile] [--tiny]
 
 PATH is a ComfyUI checkout; run the script with a Python that has ComfyUI's requirements and
 this package importable as `wan_enhanced` (bench/gpu_env.sh does both on a GPU machine). One
@@ -15,9 +16,11 @@ steps (CASES):
   i2v_a14b   video_wan2_2_14B_i2v     the Wan2.2 I2V A14B pair (fp8-scaled files), WanImageToVideo
                                       with a start image, two KSamplerAdvanced split 2 + 2
 
-The graph on each side is the template's from the model loader to the sampler: the model, then
-(on the patched side) Wan Enhanced Attention in mode auto, then ModelSamplingSD3, then the
-template's sampler node(s) and latent node. What stands in for the rest: the DiTs are seeded
+The graph on each side is the template's from the model loader to the sampler: the model (its
+weights as UNETLoader's `weight_dtype` --weights loads them; `default` is the templates'), then
+(on the patched side) Wan Enhanced Attention in mode --mode, then with --compile ComfyUI's
+TorchCompileModel (inductor) on both sides, then ModelSamplingSD3, then the template's sampler
+node(s) and latent node. What stands in for the rest: the DiTs are seeded
 random real-size weights in the template file's storage, handed to
 comfy.sd.load_diffusion_model_state_dict (what UNETLoader calls on a file's tensors); the text
 encoder's output is a seeded random tensor of umT5-xxl's shape (512 x 4096) for the prompt and
@@ -30,7 +33,9 @@ the two sides share the experts' weights), then the two sides take turns:
   1. one Euler step of the first expert from pure noise (the model's denoised prediction at the
      first sigma: one forward at cfg 1, a batched pair at cfg > 1); it also builds the kernels,
      so it is not timed as a step. Its latent is compared.
-  2. the template's 4-step sampling, timed: the run's seconds and each step's end from ComfyUI's
+  2. with --compile, the template's 4-step sampling once untimed (what torch.compile builds for
+     its shapes and steps);
+  3. the template's 4-step sampling, timed: the run's seconds and each step's end from ComfyUI's
      progress hook. `step` is the median of the steps that are not a sampler call's first.
 Then the first expert is loaded again with float32 compute (model dtype float32; an fp8-scaled
 file keeps its fp8 weights, scaled up to float32 as ComfyUI computes them) and the same Euler step
@@ -64,6 +69,7 @@ TEXT_TOKENS, TEXT_DIM = 512, 4096  # umT5-xxl's output for a prompt, as ComfyUI 
 VACE_LAYERS, VACE_IN_DIM = 8, 96  # Wan2.1 VACE 14B: a VACE block every fifth layer
 RESULT_NAME = "native_attention"
 SIDES = ("comfyui", "patched")
+WEIGHTS = ("default", "fp8_e4m3fn_fast")  # UNETLoader's weight_dtype values measured here
 PATCH_NODE = "WanEnhancedAttentionPatch"
 
 
@@ -101,7 +107,21 @@ CASES = {
 TINY_SIZE = dict(width=64, height=64, length=9, error_length=None)
 EXTRA_NODES = {"WanVaceToVideo": "comfy_extras.nodes_wan",
                "WanImageToVideo": "comfy_extras.nodes_wan",
-               "TrimVideoLatent": "comfy_extras.nodes_wan"}
+               "TrimVideoLatent": "comfy_extras.nodes_wan",
+               "TorchCompileModel": "comfy_extras.nodes_torch_compile"}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How both sides are run: the patch's mode, UNETLoader's weight_dtype, ComfyUI's compile
+    node or not."""
+    mode: str = "auto"
+    weights: str = "default"
+    compile: bool = False
+
+    def __str__(self) -> str:
+        return (f"{self.mode}, {self.weights} weights, "
+                f"{'compiled' if self.compile else 'eager'}")
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -180,12 +200,14 @@ def vae_state(case: Case, device) -> dict:
     return randomize(module, 2, device)
 
 
-def load_dit(comfy, state: dict, float32: bool = False):
-    """A ModelPatcher, as UNETLoader makes one from a file's tensors (model dtype float32 for
-    the reference)."""
+def load_dit(comfy, state: dict, float32: bool = False, weights: str = "default"):
+    """A ModelPatcher, as UNETLoader makes one from a file's tensors with its weight_dtype
+    `weights` (model dtype float32 for the reference)."""
     import torch
 
     options = {"dtype": torch.float32} if float32 else {}
+    if weights == "fp8_e4m3fn_fast":  # as UNETLoader sets it
+        options = {"dtype": torch.float8_e4m3fn, "fp8_optimizations": True}
     patcher = comfy.sd.load_diffusion_model_state_dict(dict(state), model_options=options)
     if patcher is None:
         raise RuntimeError("ComfyUI did not detect the random DiT as a Wan model")
@@ -237,19 +259,24 @@ def graph_inputs(comfy, case: Case, vae, length: int, tiny: bool):
     return positive, negative, latent
 
 
-def template_models(comfy, case: Case, states: list[dict]):
+def template_models(comfy, case: Case, states: list[dict], setup: Setup = Setup()):
     """Each side's models, as the template wires them after the loader: ({side: [expert, ...]},
     the patch's override of each expert). The patched side is the same experts through Wan
-    Enhanced Attention (mode auto); both then go through ModelSamplingSD3."""
-    experts = [load_dit(comfy, state) for state in states]
+    Enhanced Attention (setup.mode); both then go through TorchCompileModel (setup.compile)
+    and ModelSamplingSD3."""
+    experts = [load_dit(comfy, state, weights=setup.weights) for state in states]
     models, overrides = {}, []
     for side in SIDES:
         models[side] = []
         for expert in experts:
             if side == "patched":
-                (expert,), _ = comfy.call(PATCH_NODE, dict(model=expert, mode="auto"), "patch")
+                (expert,), _ = comfy.call(PATCH_NODE, dict(model=expert, mode=setup.mode),
+                                          "patch")
                 overrides.append(expert.model_options["transformer_options"][
                     "optimized_attention_override"])
+            if setup.compile:
+                (expert,), _ = comfy.call("TorchCompileModel",
+                                          dict(model=expert, backend="inductor"), "compile")
             (expert,), _ = comfy.call("ModelSamplingSD3", dict(model=expert, shift=case.shift),
                                       "shift")
             models[side].append(expert)
@@ -319,12 +346,13 @@ def say(name: str, what: str) -> None:
           flush=True)
 
 
-def run_case(comfy, name: str, case: Case, tiny: bool, device) -> dict:
+def run_case(comfy, name: str, case: Case, tiny: bool, device, setup: Setup = Setup()) -> dict:
     import torch
 
     if tiny:
         case = dataclasses.replace(case, **TINY_SIZE)
-    record = {"case": name, "template": case.template, "storage": case.storage,
+    record = {"case": name, "setup": str(setup), "mode": setup.mode, "weights": setup.weights,
+              "compiled": setup.compile, "template": case.template, "storage": case.storage,
               "video": f"{case.width}x{case.height}x{case.length}", "steps": STEPS,
               "sampler": case.sampler, "scheduler": case.scheduler, "cfg": case.cfg,
               "shift": case.shift, "experts": case.experts}
@@ -334,7 +362,7 @@ def run_case(comfy, name: str, case: Case, tiny: bool, device) -> dict:
     record["draw_seconds"] = time.perf_counter() - t0
     say(name, "weights drawn")
     with torch.inference_mode():
-        models, overrides = template_models(comfy, case, states)
+        models, overrides = template_models(comfy, case, states, setup)
         del states
         say(name, "models loaded")
         error_length = case.error_length or case.length
@@ -351,6 +379,10 @@ def run_case(comfy, name: str, case: Case, tiny: bool, device) -> dict:
             outputs[side], _, _ = sampled(comfy, models[side][:1], case, short, 1, "euler",
                                           "simple")
             runs[side] = {"first_call_seconds": time.perf_counter() - first}
+            if setup.compile:  # the timed run once untimed: compiled for its shapes and steps
+                first = time.perf_counter()
+                sampled(comfy, models[side], case, full, STEPS, case.sampler, case.scheduler)
+                runs[side]["compile_warm_seconds"] = time.perf_counter() - first
         for side in SIDES:
             _, seconds, step_lists = sampled(comfy, models[side], case, full, STEPS,
                                              case.sampler, case.scheduler)
@@ -416,8 +448,9 @@ def table(records: list[dict]) -> str:
     for r in records:
         native, patched = r["runs"]["comfyui"], r["runs"]["patched"]
         dn, dp = r["distance"]["comfyui"], r["distance"]["patched"]
+        setup = f", {r['setup']}" if r.get("setup") else ""
         lines.append(
-            f"| {r['case']} ({r['template']}) | {r['video']} | {_f(native['step'], '.3f')} / "
+            f"| {r['case']} ({r['template']}{setup}) | {r['video']} | {_f(native['step'], '.3f')} / "
             f"{_f(patched['step'], '.3f')} | {_f(r['step_ratio'], '.3f')} | "
             f"{native['run_seconds']:.2f} / {patched['run_seconds']:.2f} | "
             f"{_f(r['run_ratio'], '.3f')} | {dn['max_rel']:.2e} / {dp['max_rel']:.2e} | "
@@ -435,6 +468,12 @@ def parse_args(argv):
     parser.add_argument("--comfyui", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--case", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--mode", choices=("auto", "fp8", "bf16"), default="auto",
+                        help="Wan Enhanced Attention's mode on the patched side")
+    parser.add_argument("--weights", choices=WEIGHTS, default="default",
+                        help="UNETLoader's weight_dtype for both sides (default: the templates')")
+    parser.add_argument("--compile", action="store_true",
+                        help="ComfyUI's TorchCompileModel (inductor) on both sides")
     parser.add_argument("--tiny", action="store_true",
                         help="tiny models on the CPU: a smoke run of the whole script")
     return parser.parse_args(argv)
@@ -461,9 +500,11 @@ def main(argv=None) -> int:
             "command": " ".join(sys.argv), "tiny": args.tiny, **environment(comfy)}
     path = args.out / f"{RESULT_NAME}.json"
     records = json.loads(path.read_text())["records"] if path.is_file() else []
+    setup = Setup(args.mode, args.weights, args.compile)
     for name in args.case:
-        record = run_case(comfy, name, CASES[name], args.tiny, device)
-        records = [r for r in records if r["case"] != name] + [record]
+        record = run_case(comfy, name, CASES[name], args.tiny, device, setup)
+        records = [r for r in records
+                   if (r["case"], r.get("setup")) != (name, str(setup))] + [record]
         text = table(records)
         path.write_text(json.dumps({"meta": meta, "records": records}, indent=1))
         (args.out / f"{RESULT_NAME}.md").write_text(text)

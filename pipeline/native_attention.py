@@ -136,8 +136,10 @@ class NativeAttention:
 
 
 def _capturing(tensor: torch.Tensor) -> bool:
-    """Whether the current CUDA stream is being captured into a graph (never on a CPU)."""
-    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+    """Whether the current CUDA stream is being captured into a graph (never on a CPU; not
+    asked while torch.compile traces, where the compiled code's launch decides)."""
+    return tensor.is_cuda and not torch.compiler.is_compiling() and \
+        torch.cuda.is_current_stream_capturing()
 
 
 def _heads_last(tensor: torch.Tensor, heads: int, skip_reshape: bool) -> torch.Tensor:

@@ -128,5 +128,6 @@ def test_the_script_in_a_real_comfyui_gives_both_sides_the_same_latent(tmp_path)
         steps = r["runs"]["patched"]["step_seconds"]
         assert [len(s) for s in steps] == ([2, 2] if r["experts"] == 2 else [4])
         assert all(t > 0 for s in steps for t in s)
-    assert "| vace_14b (video_wan_vace_14B_t2v) | 64x64x9 |" in \
+    assert "| vace_14b (video_wan_vace_14B_t2v, auto, default weights, eager) | 64x64x9 |" in \
         (out / "native_attention.md").read_text()
+    assert {r["setup"] for r in data["records"]} == {"auto, default weights, eager"}

@@ -28,7 +28,8 @@ class WanTiledDecode:
             "vram_budget_gb": ("FLOAT", {"default": 3.0, "min": 0.0, "max": 1024.0, "step": 0.25,
                                          "tooltip": "auto: device memory for the decode besides "
                                                     "the VAE's weights; 0 uses what the device "
-                                                    "has free"}),
+                                                    "has free once ComfyUI has unloaded what an "
+                                                    "untiled decode would need"}),
             "overlap": ("INT", {"default": 64, **pixels, "tooltip":
                                 "auto: pixels shared by neighbouring tiles, blended"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}

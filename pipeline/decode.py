@@ -43,8 +43,8 @@ def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 27
 
     mode "tiled" uses tile/stride (pixels, (x, y)); "untiled" decodes whole frames; "auto" plans
     the grid of least work whose tiles fit `budget_gb` GiB of device memory besides the VAE's
-    weights (0: the memory the device has free once the VAE is placed), tiles overlapping by
-    `overlap` pixels.
+    weights (0: the memory the device has free once the VAE is placed and the host has made
+    room for an untiled decode), tiles overlapping by `overlap` pixels.
     """
     if mode not in DECODE_MODES:
         raise InputError(f"mode: expected one of {list(DECODE_MODES)}, got {mode!r}")
@@ -63,7 +63,8 @@ def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 27
             guard.check_untiled_decode(cost, size, vae.model.spatial_stride, device)
         budget = None
         if mode == "auto":
-            budget = int(budget_gb * (1 << 30)) if budget_gb > 0 else free_device_bytes(device)
+            budget = int(budget_gb * (1 << 30)) if budget_gb > 0 else \
+                free_after_room(vae, samples, device)
         tiled = mode == "tiled" or (mode == "auto" and budget is not None)
 
         def plan(budget_bytes):
@@ -111,6 +112,17 @@ def decode_within_budget(run, plan, grid, budget: int, device: torch.device) -> 
                       f"GiB budget on {device}; decoding again with {smaller / (1 << 30):.2f} "
                       f"GiB", stacklevel=2)
         budget = smaller
+
+
+def free_after_room(vae: WanVAEHandle, samples: torch.Tensor, device: torch.device) -> int | None:
+    """What the device has free (free_device_bytes) after the host was asked to make room for
+    the untiled decode: the host's own models (ComfyUI's, evictable) leave what the decode
+    could use, so "what is free" does not depend on what the host happens to keep loaded."""
+    if device.type != "cuda":
+        return None
+    cost = DecodeCost(vae.model, samples.shape[0], next(vae.model.parameters()).dtype)
+    host.make_room(cost.bytes(*samples.shape[-2:]), device)
+    return free_device_bytes(device)
 
 
 # Left free of a budget taken from free memory: allocator rounding and other streams' work.

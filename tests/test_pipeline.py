@@ -511,3 +511,26 @@ def test_block_swap_bad_values(headless):
     (latent,) = node("EmptyLatent").make(model, 32, 32, 1, 1)
     with pytest.raises(NodeInputError, match="Wan Sampler: block_swap -1.*expected block_swap >= 0"):
         node("Sampler").run(model, pos, neg, latent, 1, 2, 3.0, 5.0, "euler", 1.0, block_swap=-1)
+
+
+def test_a_budget_of_what_is_free_is_read_after_the_host_made_room(headless, monkeypatch):
+    """vram_budget_gb 0 on a GPU: the host (ComfyUI) is asked first to make room for the untiled
+    decode's estimate, then what is free is read, and the grid planned from it."""
+    from wan_enhanced import host
+    from wan_enhanced.pipeline import decode as decode_stage
+    from wan_enhanced.vae_tiling.budget import DecodeCost
+
+    _, vae21 = NAMES["t2v"]
+    (vae_handle,) = node("VAELoader").load(vae21, "fp32")
+    samples = torch.randn(1, 16, 2, 6, 8, generator=torch.Generator().manual_seed(3))
+    events = []
+    monkeypatch.setattr(host, "make_room", lambda size, device: events.append(("room", size)))
+    monkeypatch.setattr(decode_stage, "free_device_bytes",
+                        lambda device: events.append(("free",)) or 12345)
+    cuda = torch.device("cuda")
+    assert decode_stage.free_after_room(vae_handle, samples, cuda) == 12345
+    untiled = DecodeCost(vae_handle.model, 1, torch.float32).bytes(6, 8)
+    assert events == [("room", untiled), ("free",)]
+    events.clear()
+    assert decode_stage.free_after_room(vae_handle, samples, torch.device("cpu")) is None
+    assert events == []  # a CPU has no limit to read, and nothing is asked of the host

@@ -38,6 +38,7 @@ def load_clip_vision(path: str | Path, dtype: torch.dtype = torch.float16) -> CL
     """The encoder on the CPU in `dtype` (norms and embeddings included)."""
     with open_checkpoint(path) as source:
         keys = source.keys()
+        _refuse_quantized(Path(path), source)
         if any(k.startswith(OFFICIAL_PREFIX) for k in keys):
             state = _official_state(source, dtype)
         else:
@@ -67,8 +68,23 @@ def check_clip_vision_keys(path: str | Path) -> None:
     """Raise CheckpointError unless the file's keys are a CLIP vision tower's (header only)."""
     with open_checkpoint(path) as source:
         keys = source.keys()
+        _refuse_quantized(Path(path), source)
     if not any(k.startswith(OFFICIAL_PREFIX) for k in keys):
         _comfy_names(Path(path), keys)
+
+
+# keys of quantized layers (ComfyUI's mixed-precision and fp8-scaled files): the tower's tensors
+# are read as plain floats, so such a file is refused rather than read without its scales
+_QUANTIZED_SUFFIXES = (".comfy_quant", ".weight_scale", ".scale_weight")
+
+
+def _refuse_quantized(path: Path, source: TensorSource) -> None:
+    quantized = [k for k in source.keys() if k.endswith(_QUANTIZED_SUFFIXES)]
+    if quantized or "_quantization_metadata" in source.metadata:
+        where = quantized[0] if quantized else "the _quantization_metadata entry"
+        raise CheckpointError(f"{path}: a quantized CLIP vision file ({where}); the CLIP "
+                              f"vision loader reads float weights only (clip_vision_h "
+                              f"in fp16, bf16 or fp32)")
 
 
 def _comfy_names(path: Path, keys: list[str]) -> dict[str, str]:

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import torch
 import torch.nn as nn
 
+from ..gpu_support import warn_once
 from ..wan.configs import KNOWN_T5, SAME_SHAPE_ALIASES, DiTConfig, T5Config, match_known
-from . import keymaps
+from . import comfy_quant, keymaps
 from .detect import (COMPONENT_NAMES, Identity, identify, infer_dit_config, infer_t5_config,
                      infer_vae_config)
 from .reader import CheckpointError, TensorSource, open_checkpoint
@@ -31,9 +32,10 @@ if TYPE_CHECKING:
     from ..quant.schemes import QuantScheme
 
 # Quantized checkpoints: per-layer scales stored beside the weights (ComfyUI's fp8 "scaled"
-# formats, old and new names) and marker tensors that carry no weights.
+# formats, old and new names) and marker tensors that carry no weights. ComfyUI's mixed-precision
+# files (a `.comfy_quant` config per layer) are read by comfy_quant.py, which owns those keys.
 _WEIGHT_SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
-_AUXILIARY_SUFFIXES = (".scale_input", ".input_scale", ".comfy_quant")
+_AUXILIARY_SUFFIXES = (".scale_input", ".input_scale")
 _MARKER_KEYS = ("scaled_fp8", "spiece_model")
 
 KNOWN_VAES = {
@@ -65,6 +67,7 @@ class CheckpointInfo:
     fp8_scaled: bool = False
     quantization: str | None = None  # the weight_dtype that quantized the block matrices
     quantization_detail: str = ""  # what was kept as stored and what quantized on load
+    comfy_quant: dict[str, int] = field(default_factory=dict)  # ComfyUI format -> layer count
 
     @property
     def description(self) -> str:
@@ -78,8 +81,11 @@ class _Plan:
     source: TensorSource
     identity: Identity
     key_map: dict[str, str]  # our key -> file key
-    scales: dict[str, str]  # our key -> file key of its fp8 scale
+    scales: dict[str, str]  # our key -> file key of its fp8 (or int8) scale
     info: CheckpointInfo
+    # block-scaled layers of ComfyUI's mixed-precision files (mxfp8, nvfp4), dequantized on load
+    blocks: dict[str, comfy_quant.QuantLayer] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # ours -> the matrix held
 
 
 def _plan(source: TensorSource, expected: tuple[str, ...], role: str) -> _Plan:
@@ -98,14 +104,19 @@ def _plan(source: TensorSource, expected: tuple[str, ...], role: str) -> _Plan:
             raise CheckpointError(
                 f"{path}: this file is a {identity.description}, not a {wanted}; "
                 f"give it to the {_LOADER_FOR[identity.component]} instead of the {role}")
-        key_map, scales = _map_keys(path, source, identity)
+        key_map, scales, layers = _map_keys(path, source, identity)
         dtypes: dict[str, int] = {}
         for key in key_map.values():
             name = str(source.dtype(key)).replace("torch.", "")
             dtypes[name] = dtypes.get(name, 0) + 1
         info = CheckpointInfo(path, identity.component, identity.layout, {}, None, dtypes,
                               fp8_scaled=bool(scales))
-        return _Plan(source, identity, key_map, scales, info)
+        for layer in layers.values():
+            info.comfy_quant[layer.format] = info.comfy_quant.get(layer.format, 0) + 1
+        blocks = {ours: layers[f] for ours, f in key_map.items()
+                  if f in layers and layers[f].block_scaled}
+        shapes = {ours: _held_shape(source, layer) for ours, layer in blocks.items()}
+        return _Plan(source, identity, key_map, scales, info, blocks, shapes)
     except BaseException:
         source.close()
         raise
@@ -115,16 +126,33 @@ _LOADER_FOR = {"dit": "model loader", "vae21": "VAE loader", "vae22": "VAE loade
                "t5": "text encoder loader"}
 
 
+def _held_shape(source: TensorSource, layer: comfy_quant.QuantLayer) -> tuple[int, ...]:
+    """The matrix a block-scaled weight holds: its padded shape, with the rows of its bias
+    where it has one (ComfyUI pads both sides to the format's multiple)."""
+    rows, cols = comfy_quant.logical_shape(layer, source.shape(layer.weight))
+    bias = layer.weight[:-len("weight")] + "bias"
+    if bias in source.keys() and len(source.shape(bias)) == 1 \
+            and rows - comfy_quant.BLOCK_SIZE[layer.format] < source.shape(bias)[0] <= rows:
+        rows = source.shape(bias)[0]
+    return rows, cols
+
+
 def _map_keys(path: Path, source: TensorSource, identity: Identity):
     keys = source.keys()
+    layers = comfy_quant.quant_layers(path, source, identity.prefix)
+    owned = {k for layer in layers.values() for k in layer.owned()}
     auxiliary = {k for k in keys
                  if k.endswith(_AUXILIARY_SUFFIXES) or k.rsplit(".", 1)[-1] in _MARKER_KEYS}
+    auxiliary |= owned
     scale_of = {}
     for k in keys:
         for suffix in _WEIGHT_SCALE_SUFFIXES:
-            if k.endswith(suffix):
+            if k.endswith(suffix) and k not in owned:
                 scale_of[k[:-len(suffix)] + ".weight"] = k
                 auxiliary.add(k)
+    for weight, layer in layers.items():
+        if not layer.block_scaled:  # one scale per tensor (or row): read as fp8-scaled files
+            scale_of[weight] = layer.keys["weight_scale"]
     plain = [k for k in keys if k not in auxiliary]
 
     if identity.component == "dit":
@@ -153,7 +181,7 @@ def _map_keys(path: Path, source: TensorSource, identity: Identity):
         raise CheckpointError(f"{path}: {len(unmapped)} keys fit no part of the "
                               f"{identity.description}: {', '.join(unmapped[:5])}")
     scales = {ours: scale_of[f] for ours, f in key_map.items() if f in scale_of}
-    return key_map, scales
+    return key_map, scales, layers
 
 
 def _declared_heads(path: Path, source: TensorSource) -> int | None:
@@ -179,10 +207,11 @@ def _declared_heads(path: Path, source: TensorSource) -> int | None:
 def _check_shapes(path: Path, module: nn.Module, plan: _Plan, what: str) -> None:
     """Strict both ways: every module key present with the module's shape, nothing left over."""
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    found = {ours: plan.source.shape(f) for ours, f in plan.key_map.items()}
+    found = _shapes(plan)
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
+    wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k]
+                   and not _pads_to(plan, k, expected[k]))
     if missing or unexpected or wrong:
         parts = []
         if missing:
@@ -194,6 +223,23 @@ def _check_shapes(path: Path, module: nn.Module, plan: _Plan, what: str) -> None
                 f"{k} {list(found[k])} vs {list(expected[k])}" for k in wrong[:3]) + ")")
         raise CheckpointError(f"{path}: shapes match no known configuration of {what}: "
                               + "; ".join(parts))
+    for ours in plan.blocks:
+        plan.shapes[ours] = expected[ours]  # the padding is cut off as the weight is read
+
+
+def _shapes(plan: _Plan) -> dict[str, tuple[int, ...]]:
+    """Our key -> the shape of the tensor it holds (a block-scaled weight's matrix)."""
+    return {ours: plan.shapes.get(ours) or tuple(plan.source.shape(f))
+            for ours, f in plan.key_map.items()}
+
+
+def _pads_to(plan: _Plan, ours: str, shape: tuple[int, ...]) -> bool:
+    """Whether a block-scaled weight is the matrix `shape` with ComfyUI's padding."""
+    layer = plan.blocks.get(ours)
+    held = plan.shapes.get(ours)
+    return (layer is not None and len(shape) == 2
+            and all(want <= have for want, have in zip(shape, held))
+            and comfy_quant.padded(layer, shape) == comfy_quant.padded(layer, held))
 
 
 def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dtype],
@@ -211,6 +257,9 @@ def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dty
     is_matrix = is_block_linear if is_matrix is None else is_matrix
     state: dict[str, torch.Tensor] = {}
     kept = 0
+    note = comfy_quant.dequantized_note(plan.info.path, plan.blocks)
+    if note is not None:
+        warn_once(note)
     try:
         for ours, file_key in plan.key_map.items():
             if quantized is not None and is_matrix(ours) and ours.endswith(".weight"):
@@ -250,7 +299,10 @@ def read_float(plan: _Plan, ours: str, file_key: str,
     from ..quant.on_load import dequantize_stored
 
     scale = _file_scale(plan, ours)
-    tensor = plan.source.read(file_key)
+    if ours in plan.blocks:
+        tensor = comfy_quant.dequantize(plan.source, plan.blocks[ours], plan.shapes[ours])
+    else:
+        tensor = plan.source.read(file_key)
     if device is not None:
         tensor = tensor.to(device)
         scale = None if scale is None else scale.to(device)
@@ -286,7 +338,7 @@ def read_quantized(plan: _Plan, ours: str, file_key: str, quantized: "QuantSchem
     gives whatever the device (a GPU's rounding of the scales' division can differ)."""
     from ..quant.on_load import StoredWeight, stored_weight
 
-    if merge is not None and merge.touches(ours):
+    if (merge is not None and merge.touches(ours)) or ours in plan.blocks:
         scale, weight = None, read_float(plan, ours, file_key, merge, device)
     else:
         scale, weight = _file_scale(plan, ours), plan.source.read(file_key)
@@ -306,7 +358,8 @@ def _quantization_detail(plan: _Plan, quantized: "QuantScheme", kept: int,
     parts = []
     if kept:
         scales = "with the file's scales" if plan.scales else "no scales in the file: scale 1"
-        parts.append(f"{kept} block matrices kept as stored (fp8 e4m3fn, {scales})")
+        stored = "int8" if quantized.storage_dtype == torch.int8 else "fp8 e4m3fn"
+        parts.append(f"{kept} block matrices kept as stored ({stored}, {scales})")
     if matrices - kept:
         parts.append(f"{matrices - kept} block matrices quantized on load "
                      f"(per-output-channel scales)")
@@ -349,7 +402,7 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
 def _configure(plan: _Plan) -> CheckpointInfo:
     """Fill plan.info with the configuration read from the shapes."""
     component = plan.identity.component
-    shapes = {ours: plan.source.shape(f) for ours, f in plan.key_map.items()}
+    shapes = _shapes(plan)
     info = plan.info
     try:
         if component == "dit":

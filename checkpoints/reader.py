@@ -29,6 +29,8 @@ _SAFETENSORS_DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
+if hasattr(torch, "float8_e8m0fnu"):  # mxfp8 block scales (ComfyUI's mixed-precision files)
+    _SAFETENSORS_DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
 
 
 class TensorSource:
@@ -51,6 +53,10 @@ class TensorSource:
     @property
     def metadata(self) -> dict[str, str]:
         return {}
+
+    def metadata_sets(self) -> list[dict[str, str]]:
+        """The metadata of each file of the checkpoint (a sharded set has one per shard)."""
+        return [self.metadata]
 
     def close(self) -> None:
         pass
@@ -189,6 +195,9 @@ class ShardedSource(TensorSource):
     @property
     def metadata(self):
         return next(iter(self._shards.values())).metadata if self._shards else {}
+
+    def metadata_sets(self):
+        return [shard.metadata for shard in self._shards.values()]
 
     def close(self):
         for shard in self._shards.values():

@@ -19,6 +19,7 @@ from ..atomic_files import atomic_target, write_atomically
 from ..wan.configs import DiTConfig, T5Config
 from ..wan.dit import WanDiT, is_block_linear
 from . import keymaps
+from .comfy_quant_write import quantize_layers
 
 # head_dim 128 like every released size, so no config has to travel with the file; the text
 # width is the tiny text encoder's
@@ -148,7 +149,8 @@ def fp8_plain(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str = "comfy",
               seed: int = 0, dtype: torch.dtype = torch.bfloat16,
-              state: dict[str, torch.Tensor] | None = None) -> Path:
+              state: dict[str, torch.Tensor] | None = None,
+              comfy_quant: dict[str, str] | None = None, quant_metadata: bool = False) -> Path:
     """Write a DiT checkpoint. Layouts:
     official  - folder with diffusion_pytorch_model.safetensors + config.json
     sharded   - folder with 2 shards, the .index.json and config.json (as the 14B releases)
@@ -156,18 +158,32 @@ def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str
     comfy_fp8 - as comfy, block matrices fp8-scaled (per-tensor `scale_weight`)
     comfy_fp8_e4m3fn - as comfy, block matrices plain float8_e4m3fn without scales
     diffusers - folder with diffusers names + config.json
+    comfy_quant: {our weight key: ComfyUI mixed-precision format} (comfy and official layouts):
+    those weights quantized as ComfyUI's mixed-precision files store them, each with its
+    `comfy_quant` config, or with quant_metadata in the `_quantization_metadata` entry
+    (checkpoints/comfy_quant_write.py; comfy_quant_values gives the values they stand for).
     Returns the path to hand to the loader.
     """
     path = Path(path)
     state = _cast(state if state is not None else random_dit_state(config, seed), dtype)
+    metadata = None
+    if comfy_quant and layout not in ("comfy", "official"):
+        raise ValueError(f"comfy_quant is written in the comfy and official layouts, not "
+                         f"{layout!r}")
     if layout in ("comfy", "comfy_fp8", "comfy_fp8_e4m3fn"):
         prefixed = {"model.diffusion_model." + k: v for k, v in state.items()}
         if layout == "comfy_fp8":
             prefixed = fp8_scaled(prefixed)
         elif layout == "comfy_fp8_e4m3fn":
             prefixed = fp8_plain(prefixed)
-        _atomic_save(prefixed, path)
+        elif comfy_quant:
+            prefixed, metadata, _ = quantize_layers(
+                prefixed, {"model.diffusion_model." + k: f for k, f in comfy_quant.items()},
+                quant_metadata)
+        _atomic_save(prefixed, path, metadata or None)
         return path
+    if comfy_quant:
+        state, metadata, _ = quantize_layers(state, comfy_quant, quant_metadata)
     # a folder's config.json is written last, each file whole or not at all: a folder with its
     # config.json is complete (a write cut short leaves no config.json, so it is written again)
     path.mkdir(parents=True, exist_ok=True)
@@ -177,7 +193,7 @@ def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str
         _write_config(path, _diffusers_config_json(config))
         return path
     if layout == "official":
-        _atomic_save(state, path / "diffusion_pytorch_model.safetensors")
+        _atomic_save(state, path / "diffusion_pytorch_model.safetensors", metadata or None)
         _write_config(path, _official_config_json(config))
         return path
     if layout == "sharded":
@@ -194,6 +210,15 @@ def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str
         _write_config(path, _official_config_json(config))
         return path
     raise ValueError(f"unknown DiT layout {layout!r}")
+
+
+def comfy_quant_values(state: dict[str, torch.Tensor], comfy_quant: dict[str, str],
+                       dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """`state` (our keys) with the weights write_dit's `comfy_quant` quantizes replaced by the
+    float32 values their codes stand for: the same model as a plain file."""
+    state = _cast(state, dtype)
+    _, _, values = quantize_layers(state, comfy_quant)
+    return {k: values.get(k, v) for k, v in state.items()}
 
 
 def _write_config(folder: Path, config: dict) -> None:

@@ -76,6 +76,7 @@ def _write(plan, merge: Merge, file, report: MergeReport, note: dict[str, str]) 
     keys = source.keys()
     ours_of = {file_key: ours for ours, file_key in plan.key_map.items()}
     touched_scales = {plan.scales[o]: o for o in plan.scales if merge.touches(o)}
+    _check_encodable(plan, merge)
     entries = [(k, source.dtype(k), tuple(source.shape(k))) for k in keys]
     writer = SafetensorsWriter(file, entries, {**source.metadata, **note})
     for key in keys:
@@ -89,6 +90,22 @@ def _write(plan, merge: Merge, file, report: MergeReport, note: dict[str, str]) 
         report.tensors += 1
     writer.finish()
     report.tensors += len(touched_scales)
+
+
+def _check_encodable(plan, merge: Merge) -> None:
+    """Refuse, before writing, a merge into weights this command cannot encode again: ComfyUI's
+    block-scaled (mxfp8, nvfp4) and int8 layers."""
+    for ours, key in plan.key_map.items():
+        if not merge.touches(ours):
+            continue
+        layer = plan.blocks.get(ours)
+        dtype = plan.source.dtype(key)
+        if layer is not None or not dtype.is_floating_point:
+            stored = layer.format if layer is not None else str(dtype).removeprefix("torch.")
+            raise CheckpointError(
+                f"{plan.info.path}: a LoRA changes {key}, stored as {stored}; `lora merge` "
+                f"writes float and fp8-scaled weights only: load the LoRA with the model instead "
+                f"(the loader merges it before quantizing)")
 
 
 def _write_merged(plan, merge: Merge, writer: SafetensorsWriter, key: str, ours: str,

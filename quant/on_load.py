@@ -2,10 +2,11 @@
 
 Files can already be quantized: ComfyUI's "scaled fp8" files store float8_e4m3fn weights with a
 per-tensor `scale_weight` (newer ones `weight_scale`), and plain fp8 files (such as
-`*_fp8_e4m3fn.safetensors`) store float8_e4m3fn weights with no scale at all. When the chosen
-scheme stores fp8 those weights are kept bit for bit — a dequantize-requantize round trip would
-only add rounding. Everything else is dequantized with its scale (if any) and quantized per
-output channel.
+`*_fp8_e4m3fn.safetensors`) store float8_e4m3fn weights with no scale at all; its mixed-precision
+files store float8_e4m3fn or int8 weights with a per-tensor `weight_scale`
+(checkpoints/comfy_quant.py). When the chosen scheme stores the same codes (fp8 e4m3fn, int8)
+those weights are kept bit for bit — a dequantize-requantize round trip would only add rounding.
+Everything else is dequantized with its scale (if any) and quantized per output channel.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ import torch
 
 from .rowwise import quantize_weight
 from .schemes import QuantScheme
+
+
+# Stored codes a scheme of the same storage keeps: fp8 e4m3fn (ComfyUI's fp8-scaled and plain fp8
+# files, float8_e4m3fn layers of its mixed-precision files) and int8 (its int8_tensorwise layers,
+# whose per-tensor scale is a per-row scale repeated).
+_KEPT = (torch.float8_e4m3fn, torch.int8)
 
 
 class StoredWeight(NamedTuple):
@@ -44,8 +51,9 @@ def dequantize_stored(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
 
 
 def keeps_stored(chosen: QuantScheme, weight: torch.Tensor) -> bool:
-    """Whether `chosen` keeps a file's matrix `weight` as stored (its fp8 codes, unchanged)."""
-    return weight.dtype == chosen.storage_dtype == torch.float8_e4m3fn
+    """Whether `chosen` keeps a file's matrix `weight` as stored (its fp8 or int8 codes,
+    unchanged): the file's codes are in the format `chosen` stores."""
+    return weight.dtype == chosen.storage_dtype and weight.dtype in _KEPT
 
 
 def stored_weight(chosen: QuantScheme, weight: torch.Tensor,

@@ -224,6 +224,32 @@ def check_sampling(handle, latent_shape, device: torch.device, block_swap: int =
     check_fits(what, size, handle.spatial_stride, needed, available, have)
 
 
+def fitting_block_swap(handle, latent_shape, device: torch.device,
+                       prefetch_blocks: int = 1) -> int:
+    """The fewest DiT blocks to stream from CPU memory (block swap) for sampling `handle`'s
+    model over `latent_shape` to fit what `device` has free once the host has made room for
+    the whole model: 0 when it fits resident (and on a CPU); every block when nothing less fits
+    (check_sampling then refuses, with the largest size that fits)."""
+    from .. import host
+    from .placement import tensor_bytes
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    blocks = len(getattr(handle.model, "blocks", []))
+    itemsize = getattr(handle.model, "compute_dtype", torch.bfloat16).itemsize
+    activations = sampling_bytes(handle.config, handle.vae_kind,
+                                 size_of_latent(latent_shape, handle.vae_kind), itemsize)
+
+    def needed(swapped: int) -> int:
+        return activations + _weights_to_place(handle.model, device, swapped, prefetch_blocks,
+                                               tensor_bytes)
+
+    host.make_room(needed(0), device)
+    available, _ = free_memory(device)
+    return next((n for n in range(blocks + 1) if needed(n) <= available), blocks)
+
+
 def _weights_to_place(model, device, block_swap, prefetch_blocks, tensor_bytes) -> int:
     if device.type != "cuda":
         return 0  # on the CPU the weights are in memory already

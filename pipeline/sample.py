@@ -9,8 +9,9 @@ WanImageToVideo's keys) are read by sampler_inputs.py (contracts.py lists them).
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -28,6 +29,11 @@ from .errors import InputError
 from .native_keys import noise_for
 from .sampler_inputs import gather_inputs
 
+_LOG = logging.getLogger("wan_enhanced")
+
+
+
+BLOCK_SWAP_FIT = -1  # block_swap: the fewest blocks that let the run fit (memory_guard)
 
 
 @dataclass(frozen=True)
@@ -42,13 +48,26 @@ class SamplerSettings:
     # (None: the pair's own, EXPERT_BOUNDARY: T2V 0.875, I2V 0.900)
     cfg_low_noise: float | None = None
     boundary: float | None = None
-    # placement: the first `block_swap` DiT blocks stream from CPU memory, `prefetch_blocks`
-    # copied ahead of the one computing
+    # placement: the first `block_swap` DiT blocks stream from CPU memory (BLOCK_SWAP_FIT: as
+    # few as fit the free device memory), `prefetch_blocks` copied ahead of the one computing
     block_swap: int = 0
     prefetch_blocks: int = 1
     # several GPUs (distributed/): the run split over this many, the blocks sharded with fsdp
     gpus: int = 1
     fsdp: bool = False
+
+
+def _fitting_block_swap(model: WanModelHandle, latent_shape, device: torch.device,
+                        prefetch_blocks: int) -> int:
+    """memory_guard.fitting_block_swap, said once in the log (an A14B pair's experts have one
+    shape, so the high-noise expert's count serves both)."""
+    from .memory_guard import fitting_block_swap
+
+    count = fitting_block_swap(model, latent_shape, device, prefetch_blocks)
+    blocks = len(getattr(model.model, "blocks", []))
+    _LOG.info("Wan Sampler: block_swap %d: %s of %s's %d blocks stream from CPU memory",
+              BLOCK_SWAP_FIT, count, model.name, blocks)
+    return count
 
 
 def expert_boundary(boundary: float | None, model: WanModelHandle) -> float:
@@ -104,10 +123,10 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
         if low_noise_model.config != model.config.renamed(low_noise_model.config.name):
             raise InputError(f"low_noise_model: {low_noise_model.name} does not have the shape "
                              f"of {model.name}; the A14B experts are a matching pair")
-    if settings.block_swap < 0 or settings.prefetch_blocks < 1:
+    if settings.block_swap < BLOCK_SWAP_FIT or settings.prefetch_blocks < 1:
         raise InputError(f"block_swap {settings.block_swap} / prefetch_blocks "
-                         f"{settings.prefetch_blocks}: expected block_swap >= 0 (0: no swap) "
-                         f"and prefetch_blocks >= 1")
+                         f"{settings.prefetch_blocks}: expected block_swap >= 0 (0: no swap; "
+                         f"{BLOCK_SWAP_FIT}: as few as fit) and prefetch_blocks >= 1")
     check_finite(settings)
     if settings.gpus < 1 or (settings.fsdp and settings.gpus == 1):
         raise InputError(f"gpus {settings.gpus} / fsdp {settings.fsdp}: expected gpus >= 1, and "
@@ -117,12 +136,17 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     group_run = None
     if settings.gpus > 1:  # refused here, before anything is allocated or started
         from ..distributed.sampler import GroupRun
+        if settings.block_swap == BLOCK_SWAP_FIT:  # several GPUs share the blocks instead
+            settings = replace(settings, block_swap=0)
         group_run = GroupRun.checked(model, low_noise_model, clean.shape, settings)
     else:
         if device.type == "cuda":  # a warm several-GPU group holds GPU memory: let it go
             from ..distributed.group import shutdown_worker_group
             shutdown_worker_group()
         from .memory_guard import check_sampling  # before the first latent-sized allocation
+        if settings.block_swap == BLOCK_SWAP_FIT:
+            settings = replace(settings, block_swap=_fitting_block_swap(
+                model, clean.shape, device, settings.prefetch_blocks))
         check_sampling(model, clean.shape, device, settings.block_swap, settings.prefetch_blocks)
 
     noise = noise_for(latent, clean.shape, settings.seed)

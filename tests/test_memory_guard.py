@@ -150,3 +150,47 @@ def test_the_size_suggested_before_the_model_is_known_suits_every_model(monkeypa
     problem = video_memory_problem(1280, 704, 121, 1)
     sizes = [(int(w), int(h)) for w, h in re.findall(r"(\d+)x(\d+) with 121 frames", problem)]
     assert sizes and all(w % 32 == 0 and h % 32 == 0 for w, h in sizes), problem
+
+
+def test_block_swap_fit_takes_the_fewest_blocks_that_fit_the_free_memory(headless, monkeypatch):
+    """block_swap -1: the host makes room for the resident model first, then the fewest swapped
+    blocks whose placement and activations fit what is free; 0 on a CPU; every block when
+    nothing less fits (sampling then refuses, naming the largest size that fits). With one
+    block prefetched, two device slots hold swapped blocks: a third swapped block is the first
+    that saves memory."""
+    import types
+
+    from wan_enhanced.pipeline.placement import tensor_bytes
+
+    (handle,) = NODES["WanEnhancedModelLoader"]().load(DIT, "fp32", "sdpa")
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(6))
+    model.head = torch.nn.Linear(64, 64)
+    model.compute_dtype = torch.float32
+    fake = types.SimpleNamespace(model=model, config=handle.config, vae_kind=handle.vae_kind)
+    shape = (1, 48, 3, 4, 4)
+    block = tensor_bytes(model.blocks[0])
+    activations = guard.sampling_bytes(handle.config, handle.vae_kind,
+                                       guard.size_of_latent(shape, handle.vae_kind), 4)
+    resident = activations + tensor_bytes(model)
+    asked = []
+    monkeypatch.setattr(host, "make_room", lambda size, device: asked.append(size))
+    cuda = torch.device("cuda")
+    for free, expected in ((resident, 0), (resident - 1, 3), (resident - 2 * block, 4),
+                           (resident - 4 * block, 6), (resident - 4 * block - 1, 6), (0, 6)):
+        monkeypatch.setattr(guard, "free_bytes", lambda device, free=free: free)
+        assert guard.fitting_block_swap(fake, shape, cuda) == expected, free
+    assert set(asked) == {resident}
+    assert guard.fitting_block_swap(fake, shape, torch.device("cpu")) == 0
+
+
+def test_the_sampler_takes_block_swap_fit_and_refuses_less(headless):
+    (model,) = NODES["WanEnhancedModelLoader"]().load(DIT, "fp32", "sdpa")
+    rows = [[torch.zeros(1, 4, model.config.text_dim), {}]]
+    (latent,) = NODES["WanEnhancedEmptyLatent"]().make(model, 64, 64, 5, 1)
+    sampler = NODES["WanEnhancedSampler"]()
+    (fit,) = sampler.run(model, rows, rows, latent, 1, 2, 4.0, 5.0, "unipc", 1.0, block_swap=-1)
+    (none,) = sampler.run(model, rows, rows, latent, 1, 2, 4.0, 5.0, "unipc", 1.0, block_swap=0)
+    assert torch.equal(fit["samples"], none["samples"])  # on a CPU nothing is swapped
+    with pytest.raises(NodeInputError, match="block_swap -2 .*-1: as few as fit"):
+        sampler.run(model, rows, rows, latent, 1, 2, 4.0, 5.0, "unipc", 1.0, block_swap=-2)

@@ -509,8 +509,8 @@ def test_block_swap_bad_values(headless):
     (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
     pos, neg = node("TextEncode").encode(encoder, "a", "b")
     (latent,) = node("EmptyLatent").make(model, 32, 32, 1, 1)
-    with pytest.raises(NodeInputError, match="Wan Sampler: block_swap -1.*expected block_swap >= 0"):
-        node("Sampler").run(model, pos, neg, latent, 1, 2, 3.0, 5.0, "euler", 1.0, block_swap=-1)
+    with pytest.raises(NodeInputError, match="Wan Sampler: block_swap -2.*expected block_swap >= 0"):
+        node("Sampler").run(model, pos, neg, latent, 1, 2, 3.0, 5.0, "euler", 1.0, block_swap=-2)
 
 
 def test_a_budget_of_what_is_free_is_read_after_the_host_made_room(headless, monkeypatch):

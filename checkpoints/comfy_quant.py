@@ -6,7 +6,9 @@ A layer is quantized when the file holds `<layer>.comfy_quant` (a uint8 tensor o
 (`{"layers": {"<layer>": {"format": ...}}}`); its scales sit beside its weight:
 
   float8_e4m3fn, float8_e5m2  fp8 weight, float32 `weight_scale` (per tensor)
-  int8_tensorwise             int8 weight, float32 `weight_scale` (per tensor or per row)
+  int8_tensorwise             int8 weight, float32 `weight_scale` (per tensor or per row);
+                              with `convrot`, rows rotated by a Hadamard matrix in groups of
+                              `convrot_groupsize` input channels, rotated back on load
   mxfp8                       e4m3fn weight padded to 32x32, `weight_scale` one e8m0 power of two
                               per 32 values of a row (uint8 on disk in older files)
   nvfp4                       two e2m1 values per uint8 (high nibble first) padded to 16x16,
@@ -16,8 +18,8 @@ A layer is quantized when the file holds `<layer>.comfy_quant` (a uint8 tensor o
 Block scales are stored in cuBLAS's tiled layout (tiles of 128 rows by 4 blocks).
 `input_scale` (a static activation scale) is not used: our fp8 and int8 matmuls scale their
 activations per token; nor is `full_precision_matrix_mult` (the loader's weight_dtype chooses the
-matmul of every block matrix). Other formats, and int8 with `convrot` rotation, are refused
-before anything is loaded.
+matmul of every block matrix). Other formats, and `convrot` on a format other than int8_tensorwise,
+are refused before anything is loaded.
 """
 
 from __future__ import annotations
@@ -54,10 +56,20 @@ class QuantLayer:
     config: dict
     where: str  # where the format is declared: its comfy_quant key or the metadata entry
     keys: dict[str, str] = field(default_factory=dict)  # scale name -> file key
+    rotation: int = 0  # int8 convrot's Hadamard group size; 0: not rotated
 
     @property
     def block_scaled(self) -> bool:
         return self.format in BLOCK_SIZE
+
+    @property
+    def dequantized(self) -> bool:
+        """Read by `dequantize` (block scales or a rotation), never kept as stored."""
+        return self.block_scaled or self.rotation > 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.format} convrot" if self.rotation else self.format
 
     def owned(self) -> list[str]:
         """The file keys beside the weight that this layer's quantization accounts for."""
@@ -105,16 +117,17 @@ def quant_layers(path, source: TensorSource, prefix: str = "") -> dict[str, Quan
         if weight is None:
             raise CheckpointError(f"{path}: {where} declares layer {name!r} ({fmt}), which has "
                                   f"no weight in the file")
-        _check_format(path, name, where, conf, fmt)
+        rotation = _check_format(path, name, where, conf, fmt)
         owned = {s: f"{weight[:-len('weight')]}{s}" for s in _SCALE_NAMES}
         layer = QuantLayer(weight, fmt, conf, where,
-                           {s: k for s, k in owned.items() if k in keys})
+                           {s: k for s, k in owned.items() if k in keys}, rotation)
         _check_tensors(path, source, layer)
         layers[weight] = layer
     return layers
 
 
-def _check_format(path, name: str, where: str, conf, fmt) -> None:
+def _check_format(path, name: str, where: str, conf, fmt) -> int:
+    """Refuse what is not read; the layer's convrot group size (0: none)."""
     if not isinstance(conf, dict) or not isinstance(fmt, str):
         raise CheckpointError(f"{path}: layer {name!r}: {where} has no format ({conf!r}); "
                               f"read: {_WHAT_IS_READ}")
@@ -122,10 +135,24 @@ def _check_format(path, name: str, where: str, conf, fmt) -> None:
         raise CheckpointError(f"{path}: layer {name!r} is quantized as {fmt!r} ({where}), a "
                               f"format this loader does not read; it reads {_WHAT_IS_READ}")
     params = conf.get("params") if isinstance(conf.get("params"), dict) else {}
-    if conf.get("convrot") or params.get("convrot"):
+    if not conf.get("convrot", params.get("convrot", False)):
+        return 0
+    group = conf.get("convrot_groupsize", params.get("convrot_groupsize", 256))
+    if fmt != "int8_tensorwise":
         raise CheckpointError(f"{path}: layer {name!r} is quantized as {fmt!r} with convrot "
                               f"(Hadamard-rotated weights, {where}), which this loader does not "
-                              f"read; it reads {_WHAT_IS_READ} without rotation")
+                              f"read; it reads {_WHAT_IS_READ}, convrot with int8_tensorwise only")
+    if not _power_of_4(group):
+        raise CheckpointError(f"{path}: layer {name!r} ({fmt} convrot, {where}) has convrot "
+                              f"group size {group!r}; Hadamard rotations are read for powers of "
+                              f"4 (4, 16, 64, 256, ...)")
+    return group
+
+
+def _power_of_4(value) -> bool:
+    """4, 16, 64, ...: one bit set, at an even position."""
+    return (isinstance(value, int) and value >= 4 and not value & (value - 1)
+            and value.bit_length() % 2 == 1)
 
 
 def _check_tensors(path, source: TensorSource, layer: QuantLayer) -> None:
@@ -144,9 +171,12 @@ def _check_tensors(path, source: TensorSource, layer: QuantLayer) -> None:
         raise CheckpointError(f"{path}: layer {name!r} is {fmt} but its weight is {dtype}; "
                               f"{fmt} weights are {_WEIGHT_DTYPES[fmt][0]}")
     shape = source.shape(layer.weight)
-    if layer.block_scaled and len(shape) != 2:
-        raise CheckpointError(f"{path}: layer {name!r} ({fmt}) has a weight of shape "
-                              f"{list(shape)}; {fmt} weights are matrices")
+    if layer.dequantized and len(shape) != 2:
+        raise CheckpointError(f"{path}: layer {name!r} ({layer.label}) has a weight of shape "
+                              f"{list(shape)}; {layer.label} weights are matrices")
+    if layer.rotation and shape[1] % layer.rotation:
+        raise CheckpointError(f"{path}: layer {name!r} ({layer.label}) has {shape[1]} input "
+                              f"channels, not a multiple of its rotation's {layer.rotation}")
     if layer.block_scaled:
         rows, blocks = _scale_grid(layer, shape)
         count = _product(source.shape(layer.keys["weight_scale"]))
@@ -225,9 +255,31 @@ def e2m1_values(packed: torch.Tensor) -> torch.Tensor:
     return table[codes.long()]
 
 
+def hadamard(size: int) -> torch.Tensor:
+    """The orthonormal regular Hadamard matrix of `size` (a power of 4): Kronecker powers of the
+    symmetric 4x4 one, divided by sqrt(size); it is its own inverse."""
+    base = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]],
+                        dtype=torch.float32)
+    matrix = base
+    while matrix.shape[0] < size:
+        matrix = torch.kron(matrix, base)
+    return matrix / size ** 0.5
+
+
+def _unrotated(source: TensorSource, layer: QuantLayer) -> torch.Tensor:
+    """An int8 convrot weight: codes times scales, each group of input channels rotated back."""
+    weight = source.read(layer.weight).float() * source.read(layer.keys["weight_scale"]).float()
+    rows, cols = weight.shape
+    group = layer.rotation
+    return (weight.reshape(rows, cols // group, group) @ hadamard(group).T).reshape(rows, cols)
+
+
 def dequantize(source: TensorSource, layer: QuantLayer, shape: tuple[int, ...]) -> torch.Tensor:
-    """A block-scaled layer's weight as float32 of `shape` (its padding cut off): the values
-    ComfyUI's float32 dequantization gives, bit for bit."""
+    """A dequantized layer's weight as float32 of `shape` (its padding cut off): the values
+    ComfyUI's float32 dequantization gives (bit for bit but for int8 convrot, whose rotation
+    back is a matrix product)."""
+    if layer.rotation:
+        return _unrotated(source, layer)
     stored = source.read(layer.weight)
     rows, cols = logical_shape(layer, tuple(stored.shape))
     block = BLOCK_SIZE[layer.format]
@@ -259,11 +311,11 @@ def dequantized_note(path, layers: dict[str, QuantLayer]) -> str | None:
     """The one line a load says about the layers it dequantized, or None when there are none."""
     counts: dict[str, int] = {}
     for layer in layers.values():
-        if layer.block_scaled:
-            counts[layer.format] = counts.get(layer.format, 0) + 1
+        if layer.dequantized:
+            counts[layer.label] = counts.get(layer.label, 0) + 1
     if not counts:
         return None
     listed = ", ".join(f"{n} {fmt}" for fmt, n in sorted(counts.items()))
-    return (f"{path}: {listed} layers dequantized on load (our kernels do not take block-scaled "
-            f"fp4/fp8); they hold the load dtype, or fp8 e4m3fn per-channel codes when the model "
-            f"loads as fp8")
+    return (f"{path}: {listed} layers dequantized on load (our kernels do not take these "
+            f"formats); they hold the load dtype, or our per-channel fp8/int8 codes when the "
+            f"model loads with a quantized weight_dtype")

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from .comfy_quant import BLOCK_SIZE, METADATA_KEY, READ, tile
+from .comfy_quant import BLOCK_SIZE, METADATA_KEY, READ, hadamard, tile
 
 _FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 _E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -25,9 +25,12 @@ class Quantized(NamedTuple):
     values: torch.Tensor  # float32, the matrix the codes and scales stand for
 
 
-def quantize(weight: torch.Tensor, fmt: str) -> Quantized:
-    """`weight` [out, in] in ComfyUI's `fmt` (one of comfy_quant.READ)."""
+def quantize(weight: torch.Tensor, fmt: str, rotation: int = 0) -> Quantized:
+    """`weight` [out, in] in ComfyUI's `fmt` (one of comfy_quant.READ); rotation: int8's convrot
+    group size (per-row scales of the rotated rows)."""
     weight = weight.float()
+    if rotation:
+        return _int8_convrot(weight, rotation)
     if fmt in _FP8_MAX:
         dtype = getattr(torch, fmt)
         scale = weight.abs().amax() / _FP8_MAX[fmt]
@@ -42,6 +45,19 @@ def quantize(weight: torch.Tensor, fmt: str) -> Quantized:
     if fmt == "nvfp4":
         return _nvfp4(weight)
     raise ValueError(f"{fmt!r} is not one of {READ}")
+
+
+def _rotated(weight: torch.Tensor, group: int) -> torch.Tensor:
+    """Each group of `group` input channels times the Hadamard matrix (its own inverse)."""
+    rows, cols = weight.shape
+    return (weight.reshape(rows, cols // group, group) @ hadamard(group).T).reshape(rows, cols)
+
+
+def _int8_convrot(weight: torch.Tensor, group: int) -> Quantized:
+    rotated = _rotated(weight, group)
+    scale = rotated.abs().amax(1, keepdim=True) / 127.0
+    codes = (rotated / scale).round().clamp(-127, 127).to(torch.int8)
+    return Quantized({"": codes, "weight_scale": scale}, _rotated(codes.float() * scale, group))
 
 
 def _padded_blocks(weight: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -91,31 +107,36 @@ def _nvfp4(weight: torch.Tensor) -> Quantized:
         values.reshape(blocks.shape[0], -1)[:rows, :cols].contiguous())
 
 
-def config_bytes(fmt: str) -> torch.Tensor:
-    """A layer's `comfy_quant` tensor: its config as JSON bytes in uint8."""
-    return torch.tensor(list(json.dumps({"format": fmt}).encode()), dtype=torch.uint8)
+def config_bytes(config: str | dict) -> torch.Tensor:
+    """A layer's `comfy_quant` tensor: its config (or {"format": config}) as JSON in uint8."""
+    config = {"format": config} if isinstance(config, str) else config
+    return torch.tensor(list(json.dumps(config).encode()), dtype=torch.uint8)
 
 
-def quantize_layers(state: dict[str, torch.Tensor], formats: dict[str, str],
+def quantize_layers(state: dict[str, torch.Tensor], formats: dict[str, str | dict],
                     metadata_form: bool = False
                     ) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, torch.Tensor]]:
-    """`state` with each weight key of `formats` quantized to its format: the file's tensors,
-    its metadata (the `_quantization_metadata` entry with metadata_form, else each layer's
-    `comfy_quant` key) and the float32 values each quantized weight stands for."""
+    """`state` with each weight key of `formats` quantized to its format (a format name, or a
+    layer config such as {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize":
+    16}): the file's tensors, its metadata (the `_quantization_metadata` entry with
+    metadata_form, else each layer's `comfy_quant` key) and the float32 values each quantized
+    weight stands for."""
     out, values, layers = {}, {}, {}
     for key, tensor in state.items():
-        fmt = formats.get(key)
-        if fmt is None:
+        config = formats.get(key)
+        if config is None:
             out[key] = tensor
             continue
+        config = {"format": config} if isinstance(config, str) else config
         layer = key[:-len(".weight")]
-        made = quantize(tensor, fmt)
+        rotation = config.get("convrot_groupsize", 256) if config.get("convrot") else 0
+        made = quantize(tensor, config["format"], rotation)
         for name, part in made.tensors.items():
             out[f"{layer}.{name}" if name else key] = part
         values[key] = made.values
-        layers[layer] = {"format": fmt}
+        layers[layer] = config
         if not metadata_form:
-            out[f"{layer}.comfy_quant"] = config_bytes(fmt)
+            out[f"{layer}.comfy_quant"] = config_bytes(config)
     metadata = ({METADATA_KEY: json.dumps({"format_version": "1.0", "layers": layers})}
                 if metadata_form else {})
     return out, metadata, values

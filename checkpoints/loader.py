@@ -83,8 +83,8 @@ class _Plan:
     key_map: dict[str, str]  # our key -> file key
     scales: dict[str, str]  # our key -> file key of its fp8 (or int8) scale
     info: CheckpointInfo
-    # block-scaled layers of ComfyUI's mixed-precision files (mxfp8, nvfp4), dequantized on load
-    blocks: dict[str, comfy_quant.QuantLayer] = field(default_factory=dict)
+    # layers of ComfyUI's mixed-precision files dequantized on load (mxfp8, nvfp4, int8 convrot)
+    dequantized: dict[str, comfy_quant.QuantLayer] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # ours -> the matrix held
 
 
@@ -113,10 +113,10 @@ def _plan(source: TensorSource, expected: tuple[str, ...], role: str) -> _Plan:
                               fp8_scaled=bool(scales))
         for layer in layers.values():
             info.comfy_quant[layer.format] = info.comfy_quant.get(layer.format, 0) + 1
-        blocks = {ours: layers[f] for ours, f in key_map.items()
-                  if f in layers and layers[f].block_scaled}
-        shapes = {ours: _held_shape(source, layer) for ours, layer in blocks.items()}
-        return _Plan(source, identity, key_map, scales, info, blocks, shapes)
+        dequantized = {ours: layers[f] for ours, f in key_map.items()
+                  if f in layers and layers[f].dequantized}
+        shapes = {ours: _held_shape(source, layer) for ours, layer in dequantized.items()}
+        return _Plan(source, identity, key_map, scales, info, dequantized, shapes)
     except BaseException:
         source.close()
         raise
@@ -127,9 +127,11 @@ _LOADER_FOR = {"dit": "model loader", "vae21": "VAE loader", "vae22": "VAE loade
 
 
 def _held_shape(source: TensorSource, layer: comfy_quant.QuantLayer) -> tuple[int, ...]:
-    """The matrix a block-scaled weight holds: its padded shape, with the rows of its bias
-    where it has one (ComfyUI pads both sides to the format's multiple)."""
+    """The matrix a dequantized weight holds: a block-scaled one's padded shape, with the rows
+    of its bias where it has one (ComfyUI pads both sides to the format's multiple)."""
     rows, cols = comfy_quant.logical_shape(layer, source.shape(layer.weight))
+    if not layer.block_scaled:
+        return rows, cols
     bias = layer.weight[:-len("weight")] + "bias"
     if bias in source.keys() and len(source.shape(bias)) == 1 \
             and rows - comfy_quant.BLOCK_SIZE[layer.format] < source.shape(bias)[0] <= rows:
@@ -151,7 +153,7 @@ def _map_keys(path: Path, source: TensorSource, identity: Identity):
                 scale_of[k[:-len(suffix)] + ".weight"] = k
                 auxiliary.add(k)
     for weight, layer in layers.items():
-        if not layer.block_scaled:  # one scale per tensor (or row): read as fp8-scaled files
+        if not layer.dequantized:  # one scale per tensor (or row): read as fp8-scaled files
             scale_of[weight] = layer.keys["weight_scale"]
     plain = [k for k in keys if k not in auxiliary]
 
@@ -223,19 +225,19 @@ def _check_shapes(path: Path, module: nn.Module, plan: _Plan, what: str) -> None
                 f"{k} {list(found[k])} vs {list(expected[k])}" for k in wrong[:3]) + ")")
         raise CheckpointError(f"{path}: shapes match no known configuration of {what}: "
                               + "; ".join(parts))
-    for ours in plan.blocks:
+    for ours in plan.dequantized:
         plan.shapes[ours] = expected[ours]  # the padding is cut off as the weight is read
 
 
 def _shapes(plan: _Plan) -> dict[str, tuple[int, ...]]:
-    """Our key -> the shape of the tensor it holds (a block-scaled weight's matrix)."""
+    """Our key -> the shape of the tensor it holds (a dequantized weight's matrix)."""
     return {ours: plan.shapes.get(ours) or tuple(plan.source.shape(f))
             for ours, f in plan.key_map.items()}
 
 
 def _pads_to(plan: _Plan, ours: str, shape: tuple[int, ...]) -> bool:
     """Whether a block-scaled weight is the matrix `shape` with ComfyUI's padding."""
-    layer = plan.blocks.get(ours)
+    layer = plan.dequantized.get(ours)
     held = plan.shapes.get(ours)
     return (layer is not None and len(shape) == 2
             and all(want <= have for want, have in zip(shape, held))
@@ -257,7 +259,7 @@ def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dty
     is_matrix = is_block_linear if is_matrix is None else is_matrix
     state: dict[str, torch.Tensor] = {}
     kept = 0
-    note = comfy_quant.dequantized_note(plan.info.path, plan.blocks)
+    note = comfy_quant.dequantized_note(plan.info.path, plan.dequantized)
     if note is not None:
         warn_once(note)
     try:
@@ -299,8 +301,8 @@ def read_float(plan: _Plan, ours: str, file_key: str,
     from ..quant.on_load import dequantize_stored
 
     scale = _file_scale(plan, ours)
-    if ours in plan.blocks:
-        tensor = comfy_quant.dequantize(plan.source, plan.blocks[ours], plan.shapes[ours])
+    if ours in plan.dequantized:
+        tensor = comfy_quant.dequantize(plan.source, plan.dequantized[ours], plan.shapes[ours])
     else:
         tensor = plan.source.read(file_key)
     if device is not None:
@@ -338,7 +340,7 @@ def read_quantized(plan: _Plan, ours: str, file_key: str, quantized: "QuantSchem
     gives whatever the device (a GPU's rounding of the scales' division can differ)."""
     from ..quant.on_load import StoredWeight, stored_weight
 
-    if (merge is not None and merge.touches(ours)) or ours in plan.blocks:
+    if (merge is not None and merge.touches(ours)) or ours in plan.dequantized:
         scale, weight = None, read_float(plan, ours, file_key, merge, device)
     else:
         scale, weight = _file_scale(plan, ours), plan.source.read(file_key)

@@ -150,7 +150,8 @@ def fp8_plain(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str = "comfy",
               seed: int = 0, dtype: torch.dtype = torch.bfloat16,
               state: dict[str, torch.Tensor] | None = None,
-              comfy_quant: dict[str, str] | None = None, quant_metadata: bool = False) -> Path:
+              comfy_quant: dict[str, str | dict] | None = None,
+              quant_metadata: bool = False) -> Path:
     """Write a DiT checkpoint. Layouts:
     official  - folder with diffusion_pytorch_model.safetensors + config.json
     sharded   - folder with 2 shards, the .index.json and config.json (as the 14B releases)
@@ -158,7 +159,8 @@ def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str
     comfy_fp8 - as comfy, block matrices fp8-scaled (per-tensor `scale_weight`)
     comfy_fp8_e4m3fn - as comfy, block matrices plain float8_e4m3fn without scales
     diffusers - folder with diffusers names + config.json
-    comfy_quant: {our weight key: ComfyUI mixed-precision format} (comfy and official layouts):
+    comfy_quant: {our weight key: ComfyUI mixed-precision format or layer config} (comfy and
+    official layouts):
     those weights quantized as ComfyUI's mixed-precision files store them, each with its
     `comfy_quant` config, or with quant_metadata in the `_quantization_metadata` entry
     (checkpoints/comfy_quant_write.py; comfy_quant_values gives the values they stand for).
@@ -212,7 +214,7 @@ def write_dit(path: str | Path, config: DiTConfig = TINY_DIT["t2v"], layout: str
     raise ValueError(f"unknown DiT layout {layout!r}")
 
 
-def comfy_quant_values(state: dict[str, torch.Tensor], comfy_quant: dict[str, str],
+def comfy_quant_values(state: dict[str, torch.Tensor], comfy_quant: dict[str, str | dict],
                        dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """`state` (our keys) with the weights write_dit's `comfy_quant` quantizes replaced by the
     float32 values their codes stand for: the same model as a plain file."""

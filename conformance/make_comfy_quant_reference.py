@@ -37,12 +37,14 @@ CASES = {
     "fp8_e5m2": ("float8_e5m2", (16, 64), {"scale": "recalculate"}),
     "int8": ("int8_tensorwise", (16, 64), {}),
     "int8_rows": ("int8_tensorwise", (16, 64), {"per_channel": True}),
+    "int8_convrot": ("int8_tensorwise", (16, 64),
+                     {"per_channel": True, "convrot": True, "convrot_groupsize": 16}),
     "mxfp8": ("mxfp8", (24, 160), {}),
     "mxfp8_rows": ("mxfp8", (130, 40), {}),
     "nvfp4": ("nvfp4", (24, 144), {}),
     "nvfp4_rows": ("nvfp4", (136, 40), {}),
 }
-METADATA_CASES = ("fp8_e4m3", "int8", "mxfp8", "nvfp4")
+METADATA_CASES = ("fp8_e4m3", "int8", "int8_convrot", "mxfp8", "nvfp4")
 
 
 def _comfy(checkout: Path):
@@ -116,7 +118,7 @@ def main(argv: list[str]) -> int:
     small = {k: v for k, v in loaded.items() if k.split(".")[1] in METADATA_CASES
              and not k.endswith(".comfy_quant")}
     for key, value in small.items():
-        if key.endswith(".weight_scale") and value.dim() == 2:  # block scales
+        if key.endswith(".weight_scale") and CASES[key.split(".")[1]][0] in ("mxfp8", "nvfp4"):
             small[key] = value.view(torch.uint8)
     metadata = {"format_version": "1.0", "layers": {
         f"layers.{n}": json.loads(bytes(loaded[f"layers.{n}.comfy_quant"].tolist()))

@@ -98,10 +98,10 @@ def _check_encodable(plan, merge: Merge) -> None:
     for ours, key in plan.key_map.items():
         if not merge.touches(ours):
             continue
-        layer = plan.blocks.get(ours)
+        layer = plan.dequantized.get(ours)
         dtype = plan.source.dtype(key)
         if layer is not None or not dtype.is_floating_point:
-            stored = layer.format if layer is not None else str(dtype).removeprefix("torch.")
+            stored = layer.label if layer is not None else str(dtype).removeprefix("torch.")
             raise CheckpointError(
                 f"{plan.info.path}: a LoRA changes {key}, stored as {stored}; `lora merge` "
                 f"writes float and fp8-scaled weights only: load the LoRA with the model instead "

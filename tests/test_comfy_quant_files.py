@@ -40,7 +40,7 @@ BF16_BOUND = {"float8_e4m3fn": 2 ** -7, "float8_e5m2": 2 ** -7, "nvfp4": 2 ** -7
 
 def _ours(source, layer, shape):
     """A layer's float32 weight, as the loader reads it (loader.read_float)."""
-    if layer.block_scaled:
+    if layer.dequantized:
         return comfy_quant.dequantize(source, layer, shape)
     return dequantize_stored(source.read(layer.weight), source.read(layer.keys["weight_scale"]))
 
@@ -49,7 +49,7 @@ def _ours(source, layer, shape):
 def test_each_format_dequantizes_to_comfyuis_values(name):
     source = open_checkpoint(DATA / f"{name}.safetensors")
     layers = comfy_quant.quant_layers(source.path, source)
-    assert len(layers) == (8 if name == "layers" else 4)
+    assert len(layers) == (9 if name == "layers" else 5)
     for key, layer in layers.items():
         expected = REFERENCE[key[:-len("weight")] + "float32"]
         ours = _ours(source, layer, tuple(expected.shape))
@@ -59,13 +59,13 @@ def test_each_format_dequantizes_to_comfyuis_values(name):
         assert (gap <= BF16_BOUND[layer.format] * theirs.abs()).all(), key
 
 
-def test_block_scaled_formats_requantized_to_our_fp8_within_its_rounding():
-    """mxfp8 and nvfp4 loaded as fp8: per-channel e4m3fn codes of ComfyUI's values, each within
-    half a step of e4m3fn (2^-4 of the value, or 2^-10 of its row's scale below the normal
-    range)."""
+def test_dequantized_formats_requantized_to_our_fp8_within_its_rounding():
+    """mxfp8, nvfp4 and int8 convrot loaded as fp8: per-channel e4m3fn codes of ComfyUI's
+    values, each within half a step of e4m3fn (2^-4 of the value, or 2^-10 of its row's scale
+    below the normal range)."""
     source = open_checkpoint(DATA / "layers.safetensors")
     for key, layer in comfy_quant.quant_layers(source.path, source).items():
-        if not layer.block_scaled:
+        if not layer.dequantized:
             continue
         expected = REFERENCE[key[:-len("weight")] + "float32"]
         stored = stored_weight(SCHEMES["fp8_e4m3fn"], _ours(source, layer, expected.shape), None)
@@ -96,7 +96,10 @@ FORMATS = {  # block matrices in each format, one embedding and the head; the re
     "blocks.1.cross_attn.v.weight": "nvfp4", "blocks.1.ffn.0.weight": "nvfp4",
     "blocks.1.self_attn.o.weight": "mxfp8", "text_embedding.0.weight": "nvfp4",
     "head.head.weight": "mxfp8",
+    "blocks.1.ffn.2.weight": {"format": "int8_tensorwise", "convrot": True,
+                              "convrot_groupsize": 16},
 }
+DEQUANTIZED = [k for k, f in FORMATS.items() if f in ("mxfp8", "nvfp4") or isinstance(f, dict)]
 
 
 def _inputs():
@@ -134,8 +137,8 @@ def test_a_comfy_quant_dit_loads_and_computes_as_its_dequantized_weights(tmp_pat
     with pytest.warns(RuntimeWarning) as caught:
         model, info = load_dit(path, torch.float32)
     notes = [str(w.message) for w in caught if "dequantized on load" in str(w.message)]
-    assert len(notes) == 1 and "4 mxfp8" not in notes[0] and "3 mxfp8, 3 nvfp4" in notes[0]
-    assert info.comfy_quant == {"float8_e4m3fn": 1, "float8_e5m2": 1, "int8_tensorwise": 1,
+    assert len(notes) == 1 and "1 int8_tensorwise convrot, 3 mxfp8, 3 nvfp4 layers" in notes[0]
+    assert info.comfy_quant == {"float8_e4m3fn": 1, "float8_e5m2": 1, "int8_tensorwise": 2,
                                 "mxfp8": 3, "nvfp4": 3}
     reference, _ = load_dit(plain_path, torch.float32)
     ours, theirs = model.state_dict(), reference.state_dict()
@@ -146,8 +149,9 @@ def test_a_comfy_quant_dit_loads_and_computes_as_its_dequantized_weights(tmp_pat
 
 
 def test_comfy_quant_dit_in_our_quantized_layers(tmp_path, plain):
-    """Loaded as fp8: float8_e4m3fn layers keep their codes, mxfp8 and nvfp4 layers get the
-    codes their dequantized values give; loaded as int8: int8_tensorwise layers keep theirs."""
+    """Loaded as fp8: float8_e4m3fn layers keep their codes, mxfp8, nvfp4 and int8 convrot
+    layers get the codes their dequantized values give; loaded as int8: int8_tensorwise layers
+    keep theirs (but the rotated ones)."""
     state, plain_path = plain
     path = tiny.write_dit(tmp_path / "dit.safetensors", CONFIG, state=state, dtype=torch.float32,
                           comfy_quant=FORMATS)
@@ -164,12 +168,11 @@ def test_comfy_quant_dit_in_our_quantized_layers(tmp_path, plain):
         ours, theirs = model.state_dict(), reference.state_dict()
         assert torch.equal(ours[kept], file[PREFIX + kept]), scheme
         assert "1 block matrices kept as stored" in info.quantization_detail
-        for key, fmt in FORMATS.items():
-            if fmt in ("mxfp8", "nvfp4"):
-                scale = key[:-len("weight")] + "weight_scale"
-                assert torch.equal(ours[key], theirs[key]), (scheme, key)
-                assert (scale in ours) == (scale in theirs) == key.startswith("blocks.")
-                assert scale not in ours or torch.equal(ours[scale], theirs[scale]), key
+        for key in DEQUANTIZED:
+            scale = key[:-len("weight")] + "weight_scale"
+            assert torch.equal(ours[key], theirs[key]), (scheme, key)
+            assert (scale in ours) == (scale in theirs) == key.startswith("blocks.")
+            assert scale not in ours or torch.equal(ours[scale], theirs[scale]), key
 
 
 def test_padded_block_scaled_weights_load_to_the_layers_shape(tmp_path):
@@ -213,7 +216,8 @@ def _with_layer_config(tmp_path, config: dict, metadata_form: bool = False) -> P
     ({"format": "convrot_w4a4", "convrot_groupsize": 256}, "'convrot_w4a4'"),
     ({"format": "asym_w4a8_int8", "group_size": 16}, "'asym_w4a8_int8'"),
     ({"format": "float4_mystery"}, "'float4_mystery'"),
-    ({"format": "int8_tensorwise", "convrot": True}, "convrot"),
+    ({"format": "float8_e4m3fn", "convrot": True}, "with convrot"),
+    ({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 32}, "group size 32"),
     ({"full_precision_matrix_mult": True}, "no format"),
 ])
 @pytest.mark.parametrize("metadata_form", [False, True])
@@ -224,7 +228,8 @@ def test_formats_we_do_not_read_are_refused_by_file_layer_and_format(tmp_path, c
         load_dit(path, torch.float32)
     message = str(refused.value)
     assert str(path) in message and "blocks.0.ffn.0" in message and words in message
-    assert "float8_e4m3fn, float8_e5m2, int8_tensorwise, mxfp8, nvfp4" in message  # what is read
+    if "group size" not in words:  # the formats read
+        assert "float8_e4m3fn, float8_e5m2, int8_tensorwise, mxfp8, nvfp4" in message
     assert ("_quantization_metadata" if metadata_form else "blocks.0.ffn.0.comfy_quant") \
         in message
 

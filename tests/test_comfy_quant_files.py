@@ -299,3 +299,21 @@ def test_a_quantized_clip_vision_file_is_refused_not_read_without_its_scales(tmp
                    "int8_tensorwise")}, str(path))
     with pytest.raises(CheckpointError, match="quantized CLIP vision file"):
         load_clip_vision(path)
+
+
+def test_nvfp4_pre_quant_scale_is_folded_into_the_weights_columns(tmp_path):
+    """ComfyUI multiplies the input by `pre_quant_scale` before an nvfp4 layer's matmul: the
+    same as the weight's columns times it."""
+    path = tiny.write_dit(tmp_path / "dit.safetensors", CONFIG, dtype=torch.float32,
+                          comfy_quant={"blocks.0.ffn.2.weight": "nvfp4"})
+    state = load_file(str(path))
+    layer = PREFIX + "blocks.0.ffn.2"
+    smoothing = torch.linspace(0.5, 2.0, CONFIG.ffn_dim)
+    state[layer + ".pre_quant_scale"] = smoothing
+    save_file(state, str(path))
+    plain = tiny.comfy_quant_values(tiny.random_dit_state(CONFIG, seed=0),
+                                    {"blocks.0.ffn.2.weight": "nvfp4"}, torch.float32)
+    with pytest.warns(RuntimeWarning):
+        model, _ = load_dit(path, torch.float32)
+    assert torch.equal(model.blocks[0].ffn[2].weight,
+                       plain["blocks.0.ffn.2.weight"] * smoothing[None, :])

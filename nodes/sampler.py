@@ -6,6 +6,7 @@ from __future__ import annotations
 from .. import host
 from ..pipeline.sample import SamplerSettings, sample
 from ..sampling.solvers import SOLVER_NAMES
+from ..sampling.step_cache import CACHE_METHODS
 from .checks import constant_problems, verdict
 from .common import CATEGORY, memory_event, node_errors
 
@@ -55,6 +56,13 @@ class WanSampler:
                                  "transformer blocks over the GPUs (each block gathered just "
                                  "before it computes) instead of a whole copy on each; for a "
                                  "model that does not fit one GPU"}),
+            "cache": (list(CACHE_METHODS), {"default": "off", "tooltip":
+                      "easycache: a step whose input changed little since the last full "
+                      "forward reuses that forward's residual instead of running the model "
+                      "(faster, approximate; the log says how many steps it skipped)"}),
+            "cache_threshold": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 3.0,
+                                          "step": 0.01, "tooltip": "easycache: higher skips "
+                                          "more steps; -1 uses its default, 0.2"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     RETURN_TYPES = ("LATENT",)
@@ -62,23 +70,28 @@ class WanSampler:
     CATEGORY = CATEGORY
 
     @classmethod
-    def VALIDATE_INPUTS(cls, cfg, shift, denoise, boundary=None, cfg_low_noise=None, gpus=None):
+    def VALIDATE_INPUTS(cls, cfg, shift, denoise, boundary=None, cfg_low_noise=None, gpus=None,
+                        cache_threshold=None):
         """No NaN in a FLOAT input (ComfyUI's range checks let NaN through); no more GPUs than
         this machine has."""
         from ..distributed.devices import gpus_problem
         problems = constant_problems(cls, cfg=cfg, shift=shift, denoise=denoise,
-                                     boundary=boundary, cfg_low_noise=cfg_low_noise, gpus=gpus)
+                                     boundary=boundary, cfg_low_noise=cfg_low_noise, gpus=gpus,
+                                     cache_threshold=cache_threshold)
         return verdict([*problems, gpus_problem(gpus)])
 
     def run(self, model, positive, negative, latent, seed, steps, cfg, shift, scheduler,
             denoise, low_noise_model=None, boundary=-1.0, cfg_low_noise=-1.0, block_swap=0,
-            prefetch_blocks=1, gpus=1, fsdp=False, unique_id=None):
+            prefetch_blocks=1, gpus=1, fsdp=False, cache="off", cache_threshold=-1.0,
+            unique_id=None):
         settings = SamplerSettings(seed=seed, steps=steps, cfg=cfg, shift=shift,
                                    scheduler=scheduler, denoise=denoise,
                                    boundary=None if boundary < 0 else boundary,
                                    cfg_low_noise=None if cfg_low_noise < 0 else cfg_low_noise,
                                    block_swap=block_swap, prefetch_blocks=prefetch_blocks,
-                                   gpus=gpus, fsdp=fsdp)
+                                   gpus=gpus, fsdp=fsdp, cache=cache,
+                                   cache_threshold=None if cache_threshold == -1
+                                   else cache_threshold)
         progress = host.Progress(steps, self.DISPLAY)
         memory_event("sampling starts", "sample", unique_id)
 

@@ -21,6 +21,7 @@ from ..sampling.experts import ExpertPair, SingleModel
 from ..sampling.loop import denoise as run_denoise
 from ..sampling.loop import noise_latent
 from ..sampling.solvers import SOLVER_NAMES, make_schedule, make_solver
+from ..sampling.step_cache import CACHE_METHODS, EasyCacheModel, EasyCacheSettings
 from ..wan.configs import EXPERT_BOUNDARY
 from .handles import WanModelHandle
 from .dit_placement import DiTPlacement
@@ -55,6 +56,10 @@ class SamplerSettings:
     # several GPUs (distributed/): the run split over this many, the blocks sharded with fsdp
     gpus: int = 1
     fsdp: bool = False
+    # step caching (sampling/step_cache.py): "off" or "easycache"; its threshold (None: the
+    # method's default)
+    cache: str = "off"
+    cache_threshold: float | None = None
 
 
 def _fitting_block_swap(model: WanModelHandle, latent_shape, device: torch.device,
@@ -81,7 +86,7 @@ def expert_boundary(boundary: float | None, model: WanModelHandle) -> float:
 
 def check_finite(settings: SamplerSettings) -> None:
     """No NaN or infinity in a number of the settings (a linked value is seen only here)."""
-    for name in ("cfg", "shift", "denoise", "boundary", "cfg_low_noise"):
+    for name in ("cfg", "shift", "denoise", "boundary", "cfg_low_noise", "cache_threshold"):
         value = getattr(settings, name)
         if value is not None and not math.isfinite(value):
             raise InputError(f"{name}: {value} is not a finite number")
@@ -132,9 +137,13 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
         raise InputError(f"gpus {settings.gpus} / fsdp {settings.fsdp}: expected gpus >= 1, and "
                          f"fsdp only with gpus > 1 (it shards the model over them)")
     schedule = schedule_for(settings)
+    cache = cache_settings(settings)
     fmt = model.latent_format
     group_run = None
     if settings.gpus > 1:  # refused here, before anything is allocated or started
+        if cache is not None:
+            raise InputError(f"cache: {settings.cache} runs on one GPU; with gpus "
+                             f"{settings.gpus} set it to off")
         from ..distributed.sampler import GroupRun
         if settings.block_swap == BLOCK_SWAP_FIT:  # several GPUs share the blocks instead
             settings = replace(settings, block_swap=0)
@@ -166,17 +175,29 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
 
     y = None if condition is None else condition.to(device, torch.float32)
     image_tokens = None if clip_tokens is None else clip_tokens.to(device, torch.float32)
+    cond = cond.to(device, torch.float32)
+    uncond = None if uncond is None else uncond.to(device, torch.float32)
+    cached = []  # the step caches of this run, one per model
+
+    def model_fn(handle: WanModelHandle, scale: float):
+        fn = _dit_fn(handle, dit_placement, y, image_tokens)
+        if cache is None:
+            return fn
+        cached.append(EasyCacheModel(fn, cache, settings.shift, cond=cond, uncond=uncond,
+                                     uses_uncond=scale != 1))
+        return cached[-1]
+
     with DevicePlacement(device) as placement, DiTPlacement(
             placement, settings.block_swap, settings.prefetch_blocks) as dit_placement:
         if low_noise_model is None:
             dit_placement.place(model)
-            selector = SingleModel(_dit_fn(model, dit_placement, y, image_tokens),
-                                   settings.cfg)
+            selector = SingleModel(model_fn(model, settings.cfg), settings.cfg)
         else:
             handles = {"high_noise": model, "low_noise": low_noise_model}
+            low_cfg = settings.cfg if settings.cfg_low_noise is None else settings.cfg_low_noise
             selector = ExpertPair(
-                _dit_fn(model, dit_placement, y, image_tokens),
-                _dit_fn(low_noise_model, dit_placement, y, image_tokens),
+                model_fn(model, settings.cfg),
+                model_fn(low_noise_model, low_cfg),
                 expert_boundary(settings.boundary, model),
                 (settings.cfg if settings.cfg_low_noise is None else settings.cfg_low_noise,
                  settings.cfg),
@@ -188,10 +209,28 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
 
         result = run_denoise(
             selector, start.to(device), make_solver(settings.scheduler, schedule),
-            cond.to(device, torch.float32),
-            uncond=None if uncond is None else uncond.to(device, torch.float32),
+            cond, uncond=uncond,
             first_frame=None if first_frame is None else fmt.normalise(first_frame).to(device),
             callback=step_done, interrupt=host.check_interrupt)
         out = fmt.denormalise(result).to("cpu")
         del result
+    if cached:
+        skipped = sum(len(c.skipped) for c in cached)
+        _LOG.info("Wan Sampler: EasyCache (threshold %g) skipped %d of %d steps; the output is "
+                  "an approximation of the full run", cache.threshold, skipped, schedule.steps)
     return {"samples": out}
+
+
+def cache_settings(settings: SamplerSettings) -> EasyCacheSettings | None:
+    """The run's step cache, or None; an unknown method or a negative threshold refused."""
+    if settings.cache not in CACHE_METHODS:
+        raise InputError(f"cache: {settings.cache!r} is not one of {list(CACHE_METHODS)}")
+    if settings.cache == "off":
+        return None
+    threshold = settings.cache_threshold
+    if threshold is None:
+        return EasyCacheSettings()
+    if threshold < 0:
+        raise InputError(f"cache_threshold: {threshold} is negative (-1 takes the method's "
+                         f"default)")
+    return EasyCacheSettings(threshold=threshold)

@@ -534,3 +534,38 @@ def test_a_budget_of_what_is_free_is_read_after_the_host_made_room(headless, mon
     events.clear()
     assert decode_stage.free_after_room(vae_handle, samples, torch.device("cpu")) is None
     assert events == []  # a CPU has no limit to read, and nothing is asked of the host
+
+
+def test_the_sampler_with_easycache_skips_steps_and_says_so(headless, caplog):
+    """cache easycache on the tiny model: off and a zero threshold give the uncached latent bit
+    for bit; a high threshold skips steps (the log counts them) and gives another latent of the
+    same shape; a bad value is refused by name, and with several GPUs."""
+    import logging
+
+    dit, _ = NAMES["t2v"]
+    (model,) = node("ModelLoader").load(dit, "fp32", "sdpa")
+    (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
+    pos, neg = node("TextEncode").encode(encoder, "a red fox in the snow", "blurry")
+    (latent,) = node("EmptyLatent").make(model, 32, 32, 5, 1)
+    sampler = node("Sampler")
+
+    def run(**kwargs):
+        (out,) = sampler.run(model, pos, neg, latent, 3, 12, 4.0, 5.0, "euler", 1.0, **kwargs)
+        return out["samples"]
+
+    plain = run()
+    assert torch.equal(run(cache="off"), plain)
+    with caplog.at_level(logging.INFO, logger="wan_enhanced"):
+        assert torch.equal(run(cache="easycache", cache_threshold=0.0), plain)
+        caplog.clear()
+        cached = run(cache="easycache", cache_threshold=3.0)
+    said = [r.getMessage() for r in caplog.records if "EasyCache" in r.getMessage()]
+    assert len(said) == 1 and "of 12 steps" in said[0] and "skipped 0 " not in said[0]
+    assert cached.shape == plain.shape and not torch.equal(cached, plain)
+    assert bool(torch.isfinite(cached).all())
+    with pytest.raises(NodeInputError, match="cache_threshold: -0.5 is negative"):
+        run(cache="easycache", cache_threshold=-0.5)
+    with pytest.raises(NodeInputError, match="cache: 'teacache' is not one of"):
+        run(cache="teacache")
+    with pytest.raises(NodeInputError, match="cache: easycache runs on one GPU; with gpus 2"):
+        run(cache="easycache", gpus=2)

@@ -20,6 +20,7 @@ writing was cut short is written again by the next run.
 from __future__ import annotations
 
 import gc
+import math
 import json
 import sys
 import time
@@ -95,6 +96,11 @@ def add_parser(subparsers) -> None:
                    help="run each scenario a second time in the same process with the next "
                         "seed, unchanged nodes' outputs kept as a ComfyUI server keeps them "
                         "(models loaded, prompts encoded): a cold and a warm row")
+    p.add_argument("--accuracy", action="store_true",
+                   help="run each scenario first in full (the sampler's cache off), then as "
+                        "set: the row of the accelerated run gets the distance of its latent "
+                        "and its video to the full run's (on random weights a mechanical "
+                        "check; how the output looks on real weights is the user's to judge)")
     p.set_defaults(func=run)
 
 
@@ -127,7 +133,8 @@ def run(args) -> int:
             for name, gpus in [(name, gpus) for name in names for gpus in args.gpus]:
                 for row in run_scenario(name, Path(args.models), out, args.max_steps,
                                         args.assignments, args.tiny, gpus=gpus,
-                                        fsdp=args.fsdp and gpus > 1, warm=args.warm):
+                                        fsdp=args.fsdp and gpus > 1, warm=args.warm,
+                                        accuracy=args.accuracy):
                     add_speedup(row, rows)
                     rows.append(row)
                     print(format_row(row), flush=True)
@@ -167,10 +174,11 @@ def _overrides(scenario: Scenario, model_set, workflow: dict, max_steps: int | N
 
 def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
                  extra: list[str], tiny: bool = False, gpus: int = 1,
-                 fsdp: bool = False, warm: bool = False) -> list[dict]:
+                 fsdp: bool = False, warm: bool = False, accuracy: bool = False) -> list[dict]:
     """The scenario's rows: its run, and with `warm` a second run in the same process with the
     next seed and the first run's unchanged node outputs (stops after a run that did not
-    finish)."""
+    finish). With `accuracy` a full run (the sampler's cache off) comes first, its own row,
+    and the first run's row gets its distance to it (accuracy_against)."""
     from .. import NODE_CLASS_MAPPINGS
     from .node_cache import NodeCache
     from .overrides import apply_overrides
@@ -185,18 +193,59 @@ def run_scenario(name: str, models: Path, out: Path, max_steps: int | None,
     if gpus > 1:
         settings += [f"{sampler}.gpus={gpus}", f"{sampler}.fsdp={str(fsdp).lower()}"]
     workflow = apply_overrides(workflow, settings, NODE_CLASS_MAPPINGS)
-    cache = NodeCache() if warm else None
     rows = []
+    reference = None
+    if accuracy:
+        full = apply_overrides(workflow, [f"{sampler}.cache=off"], NODE_CLASS_MAPPINGS)
+        full_cache = NodeCache()
+        row = _run_once(name, scenario, full, out, steps, ran, gpus, fsdp, full_cache, "full")
+        rows.append(row)
+        if row["status"] != "ok":
+            return rows
+        reference = (_sampled(full_cache, sampler), row["videos"])
+        del full_cache
+    cache = NodeCache() if warm or accuracy else None
     for run in ("cold", "warm") if warm else ("cold",):
         if run == "warm":
             seed = int(workflow[sampler]["inputs"]["seed"]) + 1
             workflow = apply_overrides(workflow, [f"{sampler}.seed={seed}"], NODE_CLASS_MAPPINGS)
         row = _run_once(name, scenario, workflow, out, steps, ran, gpus, fsdp, cache,
                         run if warm else None)
+        if reference is not None and run == "cold" and row["status"] == "ok":
+            row["accuracy"] = accuracy_against(reference, _sampled(cache, sampler),
+                                               row["videos"])
         rows.append(row)
         if row["status"] != "ok":
             break
     return rows
+
+
+def _sampled(cache, sampler: str) -> torch.Tensor | None:
+    """The sampler's latent of the run that filled `cache` (NodeCache), or None."""
+    entry = cache.lookup(sampler)
+    if entry is None or not entry.outputs:
+        return None
+    return entry.outputs[0]["samples"]
+
+
+def accuracy_against(reference: tuple, latent: torch.Tensor | None, videos: list[str]) -> dict:
+    """The accelerated run's distance to the full run: the latent's max |difference| over the
+    full latent's max |value|, and the PSNR (dB) of the first video's frames against the full
+    run's (8-bit, as written)."""
+    from ..pipeline.video_io import read_mp4
+
+    full_latent, full_videos = reference
+    out = {"latent_max_rel": None, "video_psnr_db": None}
+    if full_latent is not None and latent is not None:
+        diff = (latent.double() - full_latent.double()).abs().max()
+        out["latent_max_rel"] = float(diff / full_latent.double().abs().max())
+    if full_videos and videos:
+        mine, _ = read_mp4(videos[0])
+        theirs, _ = read_mp4(full_videos[0])
+        if mine.shape == theirs.shape:
+            mse = float(((mine.double() - theirs.double()) ** 2).mean())
+            out["video_psnr_db"] = math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse)
+    return out
 
 
 def _run_once(name, scenario: Scenario, workflow: dict, out: Path, steps: int, ran: int,
@@ -210,7 +259,7 @@ def _run_once(name, scenario: Scenario, workflow: dict, out: Path, steps: int, r
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     log = start_run()
-    status, error, peak_rss = "ok", None, None
+    status, error, peak_rss, videos = "ok", None, None, []
     timings, started = [], {}
 
     def on_event(event) -> None:
@@ -229,6 +278,7 @@ def _run_once(name, scenario: Scenario, workflow: dict, out: Path, steps: int, r
                                   cache=cache)
             peak = result.peak
             peak_rss = peak.rss if peak else None
+            videos = [f for f in result.files if f.endswith(".mp4")]
             del result
         except RunInterrupted as exc:
             status, error, peak = "interrupted", str(exc), None
@@ -257,6 +307,7 @@ def _run_once(name, scenario: Scenario, workflow: dict, out: Path, steps: int, r
         "mean_sm_activity": activity["summary"].get("mean_sm_activity"),
         "compute_load_gpu_s": activity["summary"].get("compute_load"),
         "events": str(log_path),
+        "videos": videos,
         "device": device_name(),
     }
 
@@ -346,8 +397,8 @@ def results_markdown(rows: list[dict]) -> str:
     lines = [header, "|" + "---|" * len(COLUMNS)]
     for row in rows:
         cells = [_cell(row.get(c)) for c in COLUMNS]
-        if row.get("run") == "warm":
-            cells[0] += " (warm)"
+        if row.get("run") in ("warm", "full"):
+            cells[0] += f" ({row['run']})"
         if row["steps"] != row["steps_in_workflow"]:
             cells[3] = f"{row['steps']} of {row['steps_in_workflow']}"
         gpus = row.get("gpus", 1)
@@ -355,4 +406,28 @@ def results_markdown(rows: list[dict]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     device = rows[0]["device"] if rows else "?"
     return (f"device: {device}\n\n" + "\n".join(lines) + "\n\nSeconds by phase:\n\n"
-            + phases_markdown(rows))
+            + phases_markdown(rows) + accuracy_markdown(rows))
+
+
+def accuracy_markdown(rows: list[dict]) -> str:
+    """Each accelerated run's distance to its full run (--accuracy), or nothing."""
+    measured = [r for r in rows if r.get("accuracy")]
+    if not measured:
+        return ""
+    lines = ["", "Against the full run (the sampler's cache off, same seed):", "",
+             "| case | total s | full run total s | latent max rel | video PSNR dB |",
+             "|---|---|---|---|---|"]
+    for row in measured:
+        full = next((r for r in rows if r["case"] == row["case"] and r.get("run") == "full"),
+                    {})
+        acc = row["accuracy"]
+        psnr = acc["video_psnr_db"]
+        lines.append(f"| {row['case']} | {row['total_seconds']} | {full.get('total_seconds')} "
+                     f"| {_fmt(acc['latent_max_rel'], '.3e')} | {_fmt(psnr, '.2f')} |")
+    lines += ["", "On random weights these are mechanical checks of the arithmetic; how the "
+                  "output looks on real weights is for the user to judge."]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

@@ -64,7 +64,7 @@ def test_a_stop_signal_ends_the_bench_with_the_rows_so_far(tmp_path, monkeypatch
             except KeyboardInterrupt:
                 raise executor.RunInterrupted("interrupted") from None  # as execute() does
             raise AssertionError("the signal did not stop the run")
-        return SimpleNamespace(peak=None)
+        return SimpleNamespace(peak=None, files=[])
 
     monkeypatch.setattr(executor, "run_workflow", workflow)
     out = tmp_path / "out"
@@ -154,3 +154,25 @@ def test_bench_distill_scenario_cold_then_warm_on_tiny_models(tmp_path, capsys):
     assert len(list(out.glob("videos/**/*.mp4"))) == 2
     table = next(out.glob("bench-*.md")).read_text()
     assert "ti2v_5b_distill (warm)" in table and "| ti2v_5b_distill | warm |" in table
+
+
+def test_accuracy_runs_the_scenario_in_full_first_and_measures_the_distance(tmp_path, capsys):
+    """--accuracy: a full run (cache off) and then the run as set; the cached run's row gets its
+    latent's and its video's distance to the full run's, and the table prints them with the
+    caveat. Without a cache the two runs are the same computation: distance 0."""
+    common = [*TINY_1_3B, "--max-steps", "8", "--scenario", "t2v_1_3b_baseline", "--models",
+              str(tmp_path / "models"), "--accuracy"]
+    out = tmp_path / "cached"
+    assert main(["bench", *common, "--set", "6.cache=easycache", "--set",
+                 "6.cache_threshold=3.0", "--out", str(out)]) == 0
+    rows = json.loads(next(out.glob("bench-*.json")).read_text())
+    assert [(r["run"], r["status"]) for r in rows] == [("full", "ok"), (None, "ok")]
+    accuracy = rows[1]["accuracy"]
+    assert 0 < accuracy["latent_max_rel"] and accuracy["video_psnr_db"] < 100
+    table = next(out.glob("bench-*.md")).read_text()
+    assert "t2v_1_3b_baseline (full)" in table and "video PSNR dB" in table
+    assert "mechanical checks" in table
+    same = tmp_path / "same"
+    assert main(["bench", *common, "--out", str(same)]) == 0
+    rows = json.loads(next(same.glob("bench-*.json")).read_text())
+    assert rows[1]["accuracy"] == {"latent_max_rel": 0.0, "video_psnr_db": float("inf")}

@@ -42,7 +42,10 @@ Our nodes -> ComfyUI's (the translation is `comfy_plan`, data that tests check w
                                 cfg_low_noise), k = the steps our sampler gives the high-noise
                                 expert (integer timestep >= boundary * 1000 on our shifted grid;
                                 boundary -1 = 0.875). denoise < 1 with two experts, gpus > 1 and
-                                fsdp are refused; block_swap / prefetch_blocks are ours alone.
+                                fsdp are refused; block_swap / prefetch_blocks are ours alone;
+                                cache easycache -> ComfyUI's EasyCache node (reuse_threshold =
+                                our cache_threshold, start 0.15, end 0.95) on each expert after
+                                ModelSamplingSD3.
   WanEnhancedTiledDecode        VAEDecode (what the templates use); our tile settings are ours.
   WanEnhancedSaveVideo          CreateVideo(images, fps) + SaveVideo(filename_prefix, format
                                 "mp4", codec "h264"); SaveVideo has no crf input (ComfyUI's
@@ -124,6 +127,8 @@ _SIGMA_MAX = {"euler": 0.9990000128746033, "unipc": 0.9990000128746033, "dpm++":
 WEIGHT_DTYPES = {"auto": "default", "bf16": "default", "fp8_e4m3fn": "fp8_e4m3fn",
                  "fp8_e4m3fn_fast": "fp8_e4m3fn_fast"}
 T2V_BOUNDARY = 0.875
+# our sampler's EasyCache settings (sampling/step_cache.py), for ComfyUI's EasyCache node
+EASYCACHE_THRESHOLD, EASYCACHE_START, EASYCACHE_END = 0.2, 0.15, 0.95
 NUM_TRAIN_TIMESTEPS = 1000
 # ComfyUI node class -> the module of the checkout that defines it
 COMFY_MODULES = {
@@ -131,6 +136,7 @@ COMFY_MODULES = {
     "LoraLoaderModelOnly": "nodes", "CLIPTextEncode": "nodes", "KSampler": "nodes",
     "KSamplerAdvanced": "nodes", "VAEDecode": "nodes",
     "ModelSamplingSD3": "comfy_extras.nodes_model_advanced",
+    "EasyCache": "comfy_extras.nodes_easycache",
     "EmptyHunyuanLatentVideo": "comfy_extras.nodes_hunyuan",
     "Wan22ImageToVideoLatent": "comfy_extras.nodes_wan",
     "CreateVideo": "comfy_extras.nodes_video", "SaveVideo": "comfy_extras.nodes_video",
@@ -351,9 +357,24 @@ def comfy_plan(workflow: dict, latent_channels: Callable[[str], int] = channels_
             unknown = set(inputs) - {"model", "positive", "negative", "latent", "seed", "steps",
                                      "cfg", "shift", "scheduler", "denoise", "low_noise_model",
                                      "boundary", "cfg_low_noise", "block_swap",
-                                     "prefetch_blocks", "gpus", "fsdp"}
+                                     "prefetch_blocks", "gpus", "fsdp", "cache",
+                                     "cache_threshold"}
             if unknown:
                 refuse(f"inputs {sorted(unknown)} cannot be translated")
+            cache = inputs.get("cache", "off")
+            if cache not in ("off", "easycache"):
+                refuse(f"cache {cache!r}: translatable are off and easycache")
+            threshold = float(inputs.get("cache_threshold", -1.0))
+            threshold = EASYCACHE_THRESHOLD if threshold < 0 else threshold
+
+            def cached(key: str, shifted: Ref) -> Ref:
+                """ComfyUI's EasyCache node on the model, as a user adds it, when ours runs."""
+                if cache == "off":
+                    return shifted
+                return add(key, "EasyCache", "load", model=shifted, reuse_threshold=threshold,
+                           start_percent=EASYCACHE_START, end_percent=EASYCACHE_END,
+                           verbose=False)
+
             model = link(node_id, inputs, "model")
             positive = link(node_id, inputs, "positive")
             negative = link(node_id, inputs, "negative")
@@ -369,8 +390,8 @@ def comfy_plan(workflow: dict, latent_channels: Callable[[str], int] = channels_
                     if float(inputs.get(name, -1.0)) >= 0:
                         notes.append(f"{node_id} {kind}.{name}: only used with a "
                                      f"low_noise_model; not translated")
-                patched = add(f"{node_id}.shift", "ModelSamplingSD3", "load", model=model,
-                              shift=shift)
+                patched = cached(f"{node_id}.cache", add(
+                    f"{node_id}.shift", "ModelSamplingSD3", "load", model=model, shift=shift))
                 outputs[(node_id, 0)] = add(node_id, "KSampler", "sample", model=patched,
                                             seed=seed, steps=steps_n, cfg=cfg,
                                             latent_image=latent, denoise=denoise, **common)
@@ -382,10 +403,10 @@ def comfy_plan(workflow: dict, latent_channels: Callable[[str], int] = channels_
             cfg_low = float(inputs.get("cfg_low_noise", -1.0))
             cfg_low = cfg if cfg_low < 0 else cfg_low
             switch = expert_switch_step(steps_n, shift, boundary, scheduler)
-            high_model = add(f"{node_id}.shift_high", "ModelSamplingSD3", "load", model=model,
-                             shift=shift)
-            low_model = add(f"{node_id}.shift_low", "ModelSamplingSD3", "load", model=low,
-                            shift=shift)
+            high_model = cached(f"{node_id}.cache_high", add(
+                f"{node_id}.shift_high", "ModelSamplingSD3", "load", model=model, shift=shift))
+            low_model = cached(f"{node_id}.cache_low", add(
+                f"{node_id}.shift_low", "ModelSamplingSD3", "load", model=low, shift=shift))
             high = add(f"{node_id}.high", "KSamplerAdvanced", "sample", model=high_model,
                        add_noise="enable", noise_seed=seed, steps=steps_n, cfg=cfg,
                        latent_image=latent, start_at_step=0, end_at_step=switch,

@@ -57,7 +57,7 @@ def test_the_corpus_covers_every_path_and_number_input():
                                   **NODES[corpus.base_workflow()[n]["class_type"]]
                                   .INPUT_TYPES().get("optional", {})}.items()
                if spec[0] in ("INT", "FLOAT")}
-    assert len(numeric) == 22 and numeric <= names
+    assert len(numeric) == 23 and numeric <= names
 
 
 @pytest.mark.parametrize("name", [c.name for c in CASES])

@@ -121,6 +121,25 @@ def test_a14b_pair_becomes_two_ksampler_advanced_split_two_and_two():
     assert latent.inputs["length"] == 81
 
 
+def test_our_easycache_becomes_comfyuis_easycache_node_on_each_expert():
+    workflow = load("wan22_t2v_a14b_4step_lora")
+    workflow["9"]["inputs"].update(cache="easycache", cache_threshold=0.3)
+    plan = e2e.comfy_plan(workflow)
+    high, low = by_node(plan, "KSamplerAdvanced")
+    assert high.inputs["model"] == Ref("9.cache_high") and low.inputs["model"] == Ref("9.cache_low")
+    for key, shifted in (("9.cache_high", "9.shift_high"), ("9.cache_low", "9.shift_low")):
+        assert plan.step(key).node == "EasyCache"
+        assert plan.step(key).inputs == {"model": Ref(shifted), "reuse_threshold": 0.3,
+                                         "start_percent": 0.15, "end_percent": 0.95,
+                                         "verbose": False}
+    single = load("wan22_ti2v_5b_distill")
+    single["6"]["inputs"]["cache"] = "easycache"  # the default threshold: -1 -> 0.2
+    plan = e2e.comfy_plan(single)
+    assert plan.step("6").inputs["model"] == Ref("6.cache")
+    assert plan.step("6.cache").inputs["reuse_threshold"] == 0.2
+    assert not by_node(e2e.comfy_plan(load("wan22_ti2v_5b_distill")), "EasyCache")
+
+
 def test_a14b_boundary_and_low_noise_guidance_move_the_split():
     workflow = load("wan22_t2v_a14b_4step_lora")
     workflow["9"]["inputs"].update(steps=20, boundary=0.9, cfg=3.5, cfg_low_noise=2.0,

@@ -81,13 +81,15 @@ def test_text_encode_matches_comfyui_form(headless):
     assert isinstance(pos[0][1], dict)
 
 
-def test_a14b_expert_pair_switches_once(headless, monkeypatch):
+def expert_pair(monkeypatch, frames=1):
+    """Two tiny T2V experts whose forwards append "high" / "low" to the list returned, with a
+    conditioning and a latent for them."""
     dit, _ = NAMES["t2v"]
     (high,) = node("ModelLoader").load(dit, "fp32", "sdpa")
     (low,) = node("ModelLoader").load(dit, "fp32", "sdpa")
     (encoder,) = node("TextEncoderLoader").load(TE, "fp32", "cpu")
     pos, neg = node("TextEncode").encode(encoder, "a", "b")
-    (latent,) = node("EmptyLatent").make(high, 32, 32, 1, 1)
+    (latent,) = node("EmptyLatent").make(high, 32, 32, frames, 1)
     calls = []
     for name, handle in (("high", high), ("low", low)):
         original = handle.model.forward
@@ -97,6 +99,11 @@ def test_a14b_expert_pair_switches_once(headless, monkeypatch):
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(handle.model, "forward", spy)
+    return high, low, pos, neg, latent, calls
+
+
+def test_a14b_expert_pair_switches_once(headless, monkeypatch):
+    high, low, pos, neg, latent, calls = expert_pair(monkeypatch)
     node("Sampler").run(high, pos, neg, latent, seed=1, steps=8, cfg=3.0, shift=5.0,
                         scheduler="unipc", denoise=1.0, low_noise_model=low, boundary=0.875,
                         cfg_low_noise=2.0)
@@ -569,3 +576,29 @@ def test_the_sampler_with_easycache_skips_steps_and_says_so(headless, caplog):
         run(cache="teacache")
     with pytest.raises(NodeInputError, match="cache: easycache runs on one GPU; with gpus 2"):
         run(cache="easycache", gpus=2)
+
+
+def test_each_expert_of_a_pair_keeps_its_own_easycache(headless, monkeypatch):
+    """EasyCache in an A14B run: each expert skips on its own cache (the low-noise expert
+    measures its own first forwards, with its own guidance); block swap, which only moves
+    weights, gives the same latent and calls."""
+    high, low, pos, neg, latent, calls = expert_pair(monkeypatch, frames=5)
+
+    def run(cache, block_swap=0):
+        calls.clear()
+        (out,) = node("Sampler").run(high, pos, neg, latent, seed=1, steps=20, cfg=3.0,
+                                     shift=5.0, scheduler="euler", denoise=1.0,
+                                     low_noise_model=low, boundary=0.875, cfg_low_noise=1.0,
+                                     cache=cache, cache_threshold=3.0, block_swap=block_swap)
+        return out["samples"], list(calls)
+
+    full, full_calls = run("off")
+    cached, cached_calls = run("easycache")
+    for name in ("high", "low"):  # every expert ran some steps in full and skipped some
+        assert 0 < cached_calls.count(name) < full_calls.count(name)
+    # a fresh cache measures two full forwards before it can skip: the low-noise expert's own
+    assert cached_calls.count("low") >= 2
+    assert full_calls.count("high") % 2 == 0  # cfg 3: two calls a step; the low expert cfg 1
+    assert cached.shape == full.shape and not torch.equal(cached, full)
+    swapped, swapped_calls = run("easycache", block_swap=1)
+    assert torch.equal(swapped, cached) and swapped_calls == cached_calls

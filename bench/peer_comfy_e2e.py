@@ -136,7 +136,7 @@ COMFY_MODULES = {
     "LoraLoaderModelOnly": "nodes", "CLIPTextEncode": "nodes", "KSampler": "nodes",
     "KSamplerAdvanced": "nodes", "VAEDecode": "nodes",
     "ModelSamplingSD3": "comfy_extras.nodes_model_advanced",
-    "EasyCache": "comfy_extras.nodes_easycache",
+    "EasyCache": "comfy_extras.nodes_easycache:EasyCacheNode",  # (module:class where they differ)
     "EmptyHunyuanLatentVideo": "comfy_extras.nodes_hunyuan",
     "Wan22ImageToVideoLatent": "comfy_extras.nodes_wan",
     "CreateVideo": "comfy_extras.nodes_video", "SaveVideo": "comfy_extras.nodes_video",
@@ -569,9 +569,10 @@ class Comfy:
         self.folder_paths = folder_paths
         import importlib
         self.classes = {}
-        for name, module in COMFY_MODULES.items():
+        for name, where in COMFY_MODULES.items():
+            module, _, attribute = where.partition(":")
             try:
-                self.classes[name] = getattr(importlib.import_module(module), name)
+                self.classes[name] = getattr(importlib.import_module(module), attribute or name)
             except (ImportError, AttributeError) as exc:
                 raise ComfyCheckoutError(f"--comfyui {path}: this ComfyUI has no {name} in "
                                          f"{module} ({exc}); use 0.3.64 or later") from None

@@ -142,6 +142,31 @@ def dit_setup(name: str, quick: bool, seed: int, device: torch.device, dtype: to
     return DiTSetup(config, latent, state, noise, context, timestep)
 
 
+@dataclass
+class VAESetup:
+    case: VAECase
+    config: dict
+    latent_shape: tuple
+    dtype: torch.dtype
+    state: dict[str, torch.Tensor]
+    latent: torch.Tensor
+
+
+def vae_setup(name: str, quick: bool, seed: int, device: torch.device) -> VAESetup:
+    """VAE case `name`'s configuration, weights (seed) and raw latent (seed + 1), in the run
+    dtype of `device`."""
+    case = CASES[name]
+    config = vae_config(case, quick)
+    shape = QUICK_LATENT[name] if quick else case.latent
+    dtype = run_dtype(device)
+    with torch.device("meta"):
+        skeleton = VAE_CLASSES[case.kind](**config)
+    state = random_state(skeleton, seed, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    latent = torch.randn(shape, generator=gen, device=device).to(dtype)
+    return VAESetup(case, config, shape, dtype, state, latent)
+
+
 # -- weights --------------------------------------------------------------------------------
 
 def random_state(module: torch.nn.Module, seed: int, device: torch.device,

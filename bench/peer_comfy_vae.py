@@ -77,19 +77,14 @@ def comfy_decode(model: torch.nn.Module, latent: torch.Tensor) -> torch.Tensor:
 
 
 def run_case(name: str, args, device: torch.device, comfy: dict) -> list[dict]:
-    case = peer.CASES[name]
-    config = peer.vae_config(case, args.quick)
-    shape = peer.QUICK_LATENT[name] if args.quick else case.latent
-    dtype = peer.run_dtype(device)
+    setup = peer.vae_setup(name, args.quick, args.seed, device)
+    case, config, shape, dtype = setup.case, setup.config, setup.latent_shape, setup.dtype
+    state, latent = setup.state, setup.latent
     with torch.device("meta"):
-        skeleton = peer.VAE_CLASSES[case.kind](**config)
         theirs = comfy[case.kind].WanVAE(**comfy_kwargs(case.kind, config))
-    state = peer.random_state(skeleton, args.seed, device, dtype)
     ours = peer.ours_vae(case.kind, config, state)
     theirs.load_state_dict(state, strict=True, assign=True)
     theirs.eval().requires_grad_(False)
-    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
-    latent = torch.randn(shape, generator=gen, device=device).to(dtype)
     identity = lambda out: out  # noqa: E731 (both decodes hand back CPU frames already)
 
     reference, their_run = peer.timed(lambda: comfy_decode(theirs, latent), args.repeats,

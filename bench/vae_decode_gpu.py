@@ -72,15 +72,9 @@ def counted_bytes(vae, shape, dtype, grid) -> int:
 
 
 def run_case(name: str, args, device: torch.device) -> tuple[list[dict], list[dict]]:
-    case = peer.CASES[name]
-    config = peer.vae_config(case, args.quick)
-    shape = peer.QUICK_LATENT[name] if args.quick else case.latent
-    dtype = peer.run_dtype(device)
-    with torch.device("meta"):
-        skeleton = peer.VAE_CLASSES[case.kind](**config)
-    vae = peer.ours_vae(case.kind, config, peer.random_state(skeleton, args.seed, device, dtype))
-    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
-    latent = torch.randn(shape, generator=gen, device=device).to(dtype)
+    setup = peer.vae_setup(name, args.quick, args.seed, device)
+    case, shape, dtype, latent = setup.case, setup.latent_shape, setup.dtype, setup.latent
+    vae = peer.ours_vae(case.kind, setup.config, setup.state)
     variants = [v for v in args.variants if device.type == "cuda" or v != "after_benchmark"]
     rows = []
     for mode, tiling in MODES.items():

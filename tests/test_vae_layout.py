@@ -30,6 +30,18 @@ def conv_weights(vae: nn.Module) -> list[torch.Tensor]:
     return [m.weight for m in vae.decoder.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))]
 
 
+def decode_seeing_conv_inputs(vae: nn.Module, latent: torch.Tensor):
+    """vae.decode(latent), and the input of every decoder convolution it ran, in order."""
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+             for m in vae.decoder.modules() if isinstance(m, (nn.Conv3d, nn.Conv2d))]
+    try:
+        return vae.decode(latent), seen
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 @pytest.mark.parametrize("kind", sorted(CLASSES))
 @pytest.mark.parametrize("batch", [1, 2])
 def test_channels_last_decode_equals_the_ncdhw_decode(kind, batch):
@@ -37,14 +49,9 @@ def test_channels_last_decode_equals_the_ncdhw_decode(kind, batch):
     latent = torch.randn(batch, vae.z_dim, 3, 6, 5, generator=torch.Generator().manual_seed(3))
     reference = vae.decode(latent)
     vae.decode_memory_format = CL
-    seen = []
-    hooks = [m.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
-             for m in vae.decoder.modules() if isinstance(m, (nn.Conv3d, nn.Conv2d))]
     try:
-        decoded = vae.decode(latent)
+        decoded, seen = decode_seeing_conv_inputs(vae, latent)
     finally:
-        for hook in hooks:
-            hook.remove()
         vae.decode_memory_format = None
     assert decoded.shape == reference.shape
     assert (decoded - reference).abs().max() <= 1e-5 * reference.abs().max()
@@ -164,14 +171,7 @@ def test_cuda_channels_last_decode_matches_the_ncdhw_decode(kind):
         vae.decode_memory_format = torch.contiguous_format
         reference = vae.decode(latent)
         vae.decode_memory_format = None  # CUDA: channels_last_3d and the kernel
-        seen = []
-        hooks = [m.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
-                 for m in vae.decoder.modules() if isinstance(m, (nn.Conv3d, nn.Conv2d))]
-        try:
-            decoded = vae.decode(latent)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        decoded, seen = decode_seeing_conv_inputs(vae, latent)
         assert all(x.is_contiguous(memory_format=CL) for x in seen if x.shape[1] != vae.z_dim)
         assert all(w.is_contiguous(memory_format=CL if w.dim() == 5 else torch.channels_last)
                    for w in conv_weights(vae))

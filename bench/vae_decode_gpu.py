@@ -65,10 +65,9 @@ def decode_call(vae, latent, dtype, tiling: dict, variant: str, device: torch.de
 def counted_bytes(vae, shape, dtype, grid) -> int:
     """The budget model's count for one tile of `grid`, without its two factors."""
     tile = next(iter(grid))
-    estimate = budget.estimate_decode_bytes(vae, (tile.rows.size, tile.cols.size), shape[0],
-                                            dtype)
-    calibration = budget.MEASURED_OVER_COUNTED.get(type(vae.decoder).__name__, 1.25)
-    return int(estimate / (budget.SAFETY_FACTOR * calibration))
+    cost = budget.DecodeCost(vae, shape[0], dtype)
+    estimate = cost.bytes(tile.rows.size, tile.cols.size)
+    return int(estimate / (budget.SAFETY_FACTOR * cost.calibration))
 
 
 def run_case(name: str, args, device: torch.device) -> tuple[list[dict], list[dict]]:

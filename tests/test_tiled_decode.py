@@ -516,3 +516,28 @@ def test_default_tile_fits_the_memory_target():
         vae = WanVAE21()
     weights = sum(p.numel() for p in vae.parameters()) * 2
     assert estimate_decode_bytes(vae, (34, 34), 1, torch.bfloat16) + weights < 2 << 30
+
+
+def test_the_budget_counts_the_channels_last_decode_by_its_own_calibration(real_size_vae):
+    """The decoder in channels_last_3d (the CUDA decode) holds less than in NCDHW: its count
+    takes its own measured factor, so a budget fits larger tiles (never more of them)."""
+    from wan_enhanced.vae_tiling import budget
+
+    vae = real_size_vae
+    name = type(vae.decoder).__name__
+    shape = (1, vae.z_dim, 31, 704 // vae.spatial_stride, 1280 // vae.spatial_stride)
+    ncdhw = DecodeCost(vae, 1, torch.bfloat16)
+    grid = plan_budget_tiles(vae, shape, 3 << 30, torch.bfloat16)
+    vae.decode_memory_format = torch.channels_last_3d  # as CUDA runs it
+    try:
+        channels_last = DecodeCost(vae, 1, torch.bfloat16)
+        fewer = plan_budget_tiles(vae, shape, 3 << 30, torch.bfloat16)
+    finally:
+        vae.decode_memory_format = None
+    assert ncdhw.calibration == budget.MEASURED_OVER_COUNTED[(name, "ncdhw")]
+    assert channels_last.calibration == budget.MEASURED_OVER_COUNTED[(name, "channels_last")]
+    assert channels_last.calibration < ncdhw.calibration
+    ratio = channels_last.bytes(20, 30) / ncdhw.bytes(20, 30)
+    assert ratio == pytest.approx(channels_last.calibration / ncdhw.calibration, rel=1e-6)
+    assert len(fewer) <= len(grid)
+    assert budget.decode_layout_name(torch.nn.Linear(2, 2)) == "ncdhw"  # no decoder layout

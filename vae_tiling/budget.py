@@ -32,11 +32,16 @@ DEFAULT_OVERLAP = 64  # pixels between neighbouring tiles of a grid planned from
 # The counts follow the code in wan/vae_blocks.py. Measured on an H100 in bf16 at three tile
 # sizes each (bench/results/2026-11-23-h100-vae-decode), the allocated peak was 0.95-1.04x the
 # count for Wan2.1 and 1.23-1.25x for Wan2.2, whose wider convolutions take larger cuDNN
-# workspaces: MEASURED_OVER_COUNTED carries that per decoder. SAFETY_FACTOR then covers what the
-# allocator reserves beyond what is allocated (1.17-1.18x in the same runs), so a budget is met
-# in reserved device memory, which is what other programs on the GPU see.
+# workspaces: MEASURED_OVER_COUNTED carries that per decoder and memory layout (the CUDA decode
+# runs in channels_last_3d, with its causal convolutions streaming into one buffer: less than
+# the NCDHW decode holds, bench/results/2026-11-29-h200-vae-decode). SAFETY_FACTOR then covers
+# what the allocator reserves beyond what is allocated (1.17-1.18x in the same runs), so a
+# budget is met in reserved device memory, which is what other programs on the GPU see.
 
-MEASURED_OVER_COUNTED = {"Decoder21": 1.05, "Decoder22": 1.25}
+MEASURED_OVER_COUNTED = {("Decoder21", "ncdhw"): 1.05, ("Decoder22", "ncdhw"): 1.25,
+                         ("Decoder21", "channels_last"): 0.80,
+                         ("Decoder22", "channels_last"): 0.85}
+UNKNOWN_DECODER = 1.25  # the calibration of a decoder not measured
 SAFETY_FACTOR = 1.25
 
 
@@ -101,13 +106,15 @@ def _decoder_layers(decoder: nn.Module) -> tuple[list[_Layer], list[tuple[int, i
 
 
 class DecodeCost:
-    """The estimated device peak of decoding one tile with `vae`, for `batch` videos in `dtype`."""
+    """The estimated device peak of decoding one tile with `vae`, for `batch` videos in `dtype`,
+    on the device its weights are on (which sets the decode's memory layout)."""
 
     def __init__(self, vae: nn.Module, batch: int, dtype: torch.dtype) -> None:
         layers, self._attentions = _decoder_layers(vae.decoder)
         self._per_latent_pixel = (sum(layer.cache_elements() for layer in layers)
                                   + max(layer.working_elements() for layer in layers))
-        self._calibration = MEASURED_OVER_COUNTED.get(type(vae.decoder).__name__, 1.25)
+        self.calibration = MEASURED_OVER_COUNTED.get(
+            (type(vae.decoder).__name__, decode_layout_name(vae)), UNKNOWN_DECODER)
         # The decoded chunk in `dtype`, then its weighted float32 image and that image's
         # permuted copy.
         chunk_per_latent_pixel = vae.temporal_stride * vae.spatial_stride ** 2 * 3
@@ -122,8 +129,18 @@ class DecodeCost:
                      default=0)
         activation_bytes = (self._per_latent_pixel * pixels + scores) * self._itemsize
         chunk_bytes = self._chunk_bytes_per_latent_pixel * pixels
-        return int(SAFETY_FACTOR * self._calibration * self._batch
+        return int(SAFETY_FACTOR * self.calibration * self._batch
                    * (activation_bytes + chunk_bytes))
+
+
+def decode_layout_name(vae: nn.Module) -> str:
+    """"channels_last" where the VAE decodes in channels_last_3d on its weights' device (see
+    wan/vae_blocks.CausalVideoVAE.decode_layout), else "ncdhw"."""
+    weight = next(vae.parameters(), None)
+    layout_of = getattr(vae, "decode_layout", None)
+    if weight is None or layout_of is None:
+        return "ncdhw"
+    return "channels_last" if layout_of(weight.device) == torch.channels_last_3d else "ncdhw"
 
 
 def estimate_decode_bytes(vae: nn.Module, tile_latent: tuple[int, int], batch: int,

@@ -398,10 +398,14 @@ class CausalVideoVAE(nn.Module):
             raise ValueError(f"expected a latent [B, {self.z_dim}, T, h, w], got {list(mu.shape)}")
         return self._decode_frames(mu)
 
-    def _decode_layout(self, x: torch.Tensor) -> torch.memory_format:
+    def decode_layout(self, device: torch.device) -> torch.memory_format:
+        """The memory format the decoder runs in on `device`."""
         if self.decode_memory_format is not None:
             return self.decode_memory_format
-        return torch.channels_last_3d if x.is_cuda else torch.contiguous_format
+        return torch.channels_last_3d if device.type == "cuda" else torch.contiguous_format
+
+    def _decode_layout(self, x: torch.Tensor) -> torch.memory_format:
+        return self.decode_layout(x.device)
 
     @torch.no_grad()
     def _decode_frames(self, mu: torch.Tensor) -> Iterator[torch.Tensor]:

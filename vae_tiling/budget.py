@@ -29,14 +29,14 @@ DEFAULT_OVERLAP = 64  # pixels between neighbouring tiles of a grid planned from
 #   - the frame attention at the lowest resolution as if it materialised its score matrix
 #     (the math fallback; fused kernels need far less), which grows with the square of the tile;
 #   - the decoded chunk and its float32 image copies.
-# The counts follow the code in wan/vae_blocks.py. Measured on an H100 in bf16 at three tile
-# sizes each (bench/results/2026-11-23-h100-vae-decode), the allocated peak was 0.95-1.04x the
-# count for Wan2.1 and 1.23-1.25x for Wan2.2, whose wider convolutions take larger cuDNN
-# workspaces: MEASURED_OVER_COUNTED carries that per decoder and memory layout (the CUDA decode
-# runs in channels_last_3d, with its causal convolutions streaming into one buffer: less than
-# the NCDHW decode holds, bench/results/2026-11-29-h200-vae-decode). SAFETY_FACTOR then covers
-# what the allocator reserves beyond what is allocated (1.17-1.18x in the same runs), so a
-# budget is met in reserved device memory, which is what other programs on the GPU see.
+# The counts follow the code in wan/vae_blocks.py. The allocated peak measured against the
+# count differs by decoder (the Wan2.2 decoder's wider convolutions take larger cuDNN
+# workspaces) and by memory layout (the CUDA decode runs in channels_last_3d, its causal
+# convolutions streaming into one buffer): MEASURED_OVER_COUNTED carries the measured factor
+# of each (NCDHW: bench/results/2026-11-23-h100-vae-decode; channels-last:
+# bench/results/2026-11-29-h200-vae-decode). SAFETY_FACTOR then covers what the allocator
+# reserves beyond what is allocated (measured in the same runs), so a budget is met in reserved
+# device memory, which is what other programs on the GPU see.
 
 MEASURED_OVER_COUNTED = {("Decoder21", "ncdhw"): 1.05, ("Decoder22", "ncdhw"): 1.25,
                          ("Decoder21", "channels_last"): 0.80,

@@ -205,16 +205,13 @@ def check_sampling(handle, latent_shape, device: torch.device, block_swap: int =
     """Sampling `handle`'s model over a latent of `latent_shape` on `device`: the latent copies,
     one forward's activations and, on a GPU, the weights still to be placed there."""
     from .. import host
-    from .placement import tensor_bytes
 
     device = torch.device(device)
-    vae, config = handle.vae_kind, handle.config
-    itemsize = getattr(handle.model, "compute_dtype", torch.bfloat16).itemsize
-    size = size_of_latent(latent_shape, vae)
-    weights = _weights_to_place(handle.model, device, block_swap, prefetch_blocks, tensor_bytes)
+    size = size_of_latent(latent_shape, handle.vae_kind)
+    weights = _weights_to_place(handle.model, device, block_swap, prefetch_blocks)
 
     def needed(s: VideoSize) -> int:
-        return sampling_bytes(config, vae, s, itemsize) + weights
+        return _activation_bytes(handle, s) + weights
 
     if device.type == "cuda":
         host.make_room(needed(size), device)  # the host's own models make way first
@@ -231,26 +228,31 @@ def fitting_block_swap(handle, latent_shape, device: torch.device,
     the whole model: 0 when it fits resident (and on a CPU); every block when nothing less fits
     (check_sampling then refuses, with the largest size that fits)."""
     from .. import host
-    from .placement import tensor_bytes
 
     device = torch.device(device)
     if device.type != "cuda":
         return 0
     blocks = len(getattr(handle.model, "blocks", []))
-    itemsize = getattr(handle.model, "compute_dtype", torch.bfloat16).itemsize
-    activations = sampling_bytes(handle.config, handle.vae_kind,
-                                 size_of_latent(latent_shape, handle.vae_kind), itemsize)
+    activations = _activation_bytes(handle, size_of_latent(latent_shape, handle.vae_kind))
 
     def needed(swapped: int) -> int:
-        return activations + _weights_to_place(handle.model, device, swapped, prefetch_blocks,
-                                               tensor_bytes)
+        return activations + _weights_to_place(handle.model, device, swapped, prefetch_blocks)
 
     host.make_room(needed(0), device)
     available, _ = free_memory(device)
     return next((n for n in range(blocks + 1) if needed(n) <= available), blocks)
 
 
-def _weights_to_place(model, device, block_swap, prefetch_blocks, tensor_bytes) -> int:
+def _activation_bytes(handle, size: VideoSize) -> int:
+    """The latent copies and one forward's activations of `handle`'s model in its compute
+    dtype (sampling_bytes)."""
+    itemsize = getattr(handle.model, "compute_dtype", torch.bfloat16).itemsize
+    return sampling_bytes(handle.config, handle.vae_kind, size, itemsize)
+
+
+def _weights_to_place(model, device, block_swap, prefetch_blocks) -> int:
+    from .placement import tensor_bytes
+
     if device.type != "cuda":
         return 0  # on the CPU the weights are in memory already
     first = next(model.parameters(), None)

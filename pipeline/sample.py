@@ -32,8 +32,6 @@ from .sampler_inputs import gather_inputs
 
 _LOG = logging.getLogger("wan_enhanced")
 
-
-
 BLOCK_SWAP_FIT = -1  # block_swap: the fewest blocks that let the run fit (memory_guard)
 
 

@@ -101,11 +101,15 @@ class EasyCacheModel:
         return [COND]
 
     def _subsample(self, tensor: torch.Tensor, branches: list[str]) -> torch.Tensor:
+        """The decider's rows of a call's tensor, thinned."""
         rows = tensor.shape[0] // len(branches)
         index = branches.index(self.state.first)
-        part = tensor[index * rows:(index + 1) * rows]
+        return self._thin(tensor[index * rows:(index + 1) * rows])
+
+    def _thin(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every `subsample`-th latent pixel in height and width."""
         step = self.settings.subsample
-        return part[..., ::step, ::step] if step > 1 else part
+        return tensor[..., ::step, ::step] if step > 1 else tensor
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor, conditioning: Any) -> torch.Tensor:
         sigma = _float32(float(t.max()) / 1000.0)
@@ -148,10 +152,7 @@ class EasyCacheModel:
             state.first = self.decider
         if state.x_prev is not None:
             rows = x.shape[0] // len(branches)
-            decider_input = x[:rows]  # the same input as the decider's rows
-            step = self.settings.subsample
-            if step > 1:
-                decider_input = decider_input[..., ::step, ::step]
+            decider_input = self._thin(x[:rows])  # the same input as the decider's rows
             self._input_change = (decider_input - state.x_prev).flatten().abs().mean()
         if state.output_prev_norm is not None and state.rate is not None:
             state.accumulated = state.accumulated + \
@@ -168,5 +169,5 @@ class EasyCacheModel:
         rows = x.shape[0] // len(branches)
         out = x.clone()
         for i, branch in enumerate(branches):
-            out[i * rows:(i + 1) * rows] += self.state.residuals[branch].to(x.device)
+            out[i * rows:(i + 1) * rows] += self.state.residuals[branch]
         return out

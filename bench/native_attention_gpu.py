@@ -55,7 +55,6 @@ import argparse
 import dataclasses
 import gc
 import json
-import math
 import statistics
 import sys
 import time
@@ -331,12 +330,6 @@ def steady_step(step_lists: list[list[float]]) -> float | None:
     return statistics.median(steady) if steady else None
 
 
-def distance(out, ref) -> dict:
-    diff = out.double() - ref.double()
-    return {"max_rel": float(diff.abs().max() / ref.double().abs().max()),
-            "rel_l2": float(diff.norm() / ref.double().norm())}
-
-
 def say(name: str, what: str) -> None:
     """A progress line with the host's resident memory, so a run cut short shows how far it
     got."""
@@ -348,6 +341,7 @@ def say(name: str, what: str) -> None:
 
 def run_case(comfy, name: str, case: Case, tiny: bool, device, setup: Setup = Setup()) -> dict:
     import torch
+    from wan_enhanced.bench.harness import distance, ratio
 
     if tiny:
         case = dataclasses.replace(case, **TINY_SIZE)
@@ -410,9 +404,8 @@ def run_case(comfy, name: str, case: Case, tiny: bool, device, setup: Setup = Se
     record["patched_vs_comfyui"] = distance(outputs["patched"], outputs["comfyui"])
     record["equal"] = bool(torch.equal(outputs["patched"], outputs["comfyui"]))
     native, patched = runs["comfyui"], runs["patched"]
-    record["step_ratio"] = patched["step"] / native["step"] \
-        if patched["step"] and native["step"] else None
-    record["run_ratio"] = patched["run_seconds"] / native["run_seconds"]
+    record["step_ratio"] = ratio(patched["step"], native["step"])
+    record["run_ratio"] = ratio(patched["run_seconds"], native["run_seconds"])
     return record
 
 
@@ -435,12 +428,9 @@ def start_comfy(path: Path, out: Path, cpu: bool):
     return comfy
 
 
-def _f(value, spec) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
-        else format(value, spec)
-
-
 def table(records: list[dict]) -> str:
+    from wan_enhanced.bench.harness import fmt
+
     lines = ["| case (template) | video | step: ComfyUI / patched (s) | ratio | 4-step run: "
              "ComfyUI / patched (s) | ratio | to float32, max rel: ComfyUI / patched | "
              "rel L2: ComfyUI / patched |",
@@ -450,10 +440,10 @@ def table(records: list[dict]) -> str:
         dn, dp = r["distance"]["comfyui"], r["distance"]["patched"]
         setup = f", {r['setup']}" if r.get("setup") else ""
         lines.append(
-            f"| {r['case']} ({r['template']}{setup}) | {r['video']} | {_f(native['step'], '.3f')} / "
-            f"{_f(patched['step'], '.3f')} | {_f(r['step_ratio'], '.3f')} | "
+            f"| {r['case']} ({r['template']}{setup}) | {r['video']} | {fmt(native['step'], '.3f')} / "
+            f"{fmt(patched['step'], '.3f')} | {fmt(r['step_ratio'], '.3f')} | "
             f"{native['run_seconds']:.2f} / {patched['run_seconds']:.2f} | "
-            f"{_f(r['run_ratio'], '.3f')} | {dn['max_rel']:.2e} / {dp['max_rel']:.2e} | "
+            f"{fmt(r['run_ratio'], '.3f')} | {dn['max_rel']:.2e} / {dp['max_rel']:.2e} | "
             f"{dn['rel_l2']:.2e} / {dp['rel_l2']:.2e} |")
     lines.append("")
     for r in records:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from wan_enhanced.conformance.make_easycache_reference import euler_run, shifted_sigmas, stand_in
 from wan_enhanced.sampling.guidance import CfgConditioning, guided_velocity
 from wan_enhanced.sampling.step_cache import (EasyCacheModel, EasyCacheSettings,
                                               percent_to_sigma)
@@ -18,19 +19,9 @@ REFERENCE = json.loads((DATA / "reference.json").read_text())
 TENSORS = load_file(str(DATA / "reference.safetensors"))
 
 
-def shifted_sigmas(steps: int, shift: float) -> torch.Tensor:
-    base = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
-    return (shift * base / (1 + (shift - 1) * base)).to(torch.float32)
-
-
-def stand_in(tensors, x, sigma, branch):
-    mixed = torch.einsum("oc,bcfhw->bofhw", tensors[f"mix_{branch}"], x)
-    return mixed + sigma.view(-1, 1, 1, 1, 1) * tensors[f"offset_{branch}"]
-
-
 def replay(run: dict, threshold: float | None = None, cache: bool = True):
-    """The reference's driver with our loop's guidance call and our EasyCache: (final sample,
-    steps skipped, model calls)."""
+    """The reference's driver (its grid, stand-in model and Euler update) with our loop's
+    guidance call and our EasyCache: (final sample, steps skipped, model calls)."""
     name = run["name"]
     tensors = {k[len(name) + 1:]: v for k, v in TENSORS.items() if k.startswith(name + ".")}
     cond, uncond = object(), object()
@@ -53,13 +44,12 @@ def replay(run: dict, threshold: float | None = None, cache: bool = True):
     wrapped = EasyCacheModel(model, settings, run["shift"], cond=cond, uncond=uncond,
                              batched=batched, uses_uncond=run["cfg"] != 1) if cache else model
     conditioning = CfgConditioning(cond, uncond, batched)
-    sigmas = shifted_sigmas(run["steps"], run["shift"])
-    x = tensors["x0"].clone()
-    for i in range(run["steps"]):
-        state["sigma"] = sigmas[i]
-        t = (sigmas[i].double() * 1000).view(1)  # (exactly the float32 sigma, over 1000)
-        v = guided_velocity(wrapped, x, t, conditioning, run["cfg"])
-        x = x + (sigmas[i + 1] - sigmas[i]) * v
+    def step_velocity(x, sigma):
+        state["sigma"] = sigma
+        t = (sigma.double() * 1000).view(1)  # (exactly the float32 sigma, over 1000)
+        return guided_velocity(wrapped, x, t, conditioning, run["cfg"])
+
+    x = euler_run(step_velocity, tensors["x0"], shifted_sigmas(run["steps"], run["shift"]))
     return x, (wrapped.skipped if cache else []), calls, tensors
 
 

@@ -25,7 +25,7 @@ are refused before anything is loaded.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -42,10 +42,12 @@ _SCALE_NAMES = ("weight_scale", "weight_scale_2", "input_scale", "pre_quant_scal
 _WEIGHT_DTYPES = {"float8_e4m3fn": (torch.float8_e4m3fn,), "float8_e5m2": (torch.float8_e5m2,),
                   "int8_tensorwise": (torch.int8,), "mxfp8": (torch.float8_e4m3fn,),
                   "nvfp4": (torch.uint8,)}
-_BLOCK_SCALE_DTYPES = {"mxfp8": getattr(torch, "float8_e8m0fnu", None),
-                       "nvfp4": torch.float8_e4m3fn}
 # e2m1 codes 0-15: sign bit, 2 exponent bits, 1 mantissa bit
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_CODES = torch.tensor(E2M1 + tuple(-v for v in E2M1), dtype=torch.float32)
+# each byte of a packed nvfp4 weight -> its two values, the high nibble first
+_E2M1_PAIRS = torch.stack((_E2M1_CODES[torch.arange(256) >> 4],
+                           _E2M1_CODES[torch.arange(256) & 0x0F]), dim=-1)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class QuantLayer:
     where: str  # where the format is declared: its comfy_quant key or the metadata entry
     keys: dict[str, str] = field(default_factory=dict)  # scale name -> file key
     rotation: int = 0  # int8 convrot's Hadamard group size; 0: not rotated
+    # the matrix the weight holds: a block-scaled one's padded shape, with the rows of its bias
+    # where it has one (ComfyUI pads both sides to the format's multiple)
+    shape: tuple[int, ...] = ()
 
     @property
     def block_scaled(self) -> bool:
@@ -70,6 +75,12 @@ class QuantLayer:
     @property
     def label(self) -> str:
         return f"{self.format} convrot" if self.rotation else self.format
+
+    def pads_to(self, shape: tuple[int, ...]) -> bool:
+        """Whether the weight is the matrix `shape` with ComfyUI's padding (block-scaled)."""
+        return (self.block_scaled and len(shape) == 2
+                and all(want <= have for want, have in zip(shape, self.shape))
+                and padded(self, shape) == padded(self, self.shape))
 
     def owned(self) -> list[str]:
         """The file keys beside the weight that this layer's quantization accounts for."""
@@ -122,8 +133,22 @@ def quant_layers(path, source: TensorSource, prefix: str = "") -> dict[str, Quan
         layer = QuantLayer(weight, fmt, conf, where,
                            {s: k for s, k in owned.items() if k in keys}, rotation)
         _check_tensors(path, source, layer)
-        layers[weight] = layer
+        layers[weight] = replace(layer, shape=_held_shape(source, keys, layer))
     return layers
+
+
+def _held_shape(source: TensorSource, keys: set[str], layer: QuantLayer) -> tuple[int, ...]:
+    """QuantLayer.shape: a block-scaled weight's rows are its bias's where the bias is the
+    weight's rows less the padding."""
+    shape = logical_shape(layer, source.shape(layer.weight))
+    bias = layer.weight[:-len("weight")] + "bias"
+    if not layer.block_scaled or bias not in keys:
+        return shape
+    rows, cols = shape
+    bias_shape = source.shape(bias)
+    if len(bias_shape) == 1 and rows - BLOCK_SIZE[layer.format] < bias_shape[0] <= rows:
+        rows = bias_shape[0]
+    return rows, cols
 
 
 def _check_format(path, name: str, where: str, conf, fmt) -> int:
@@ -249,10 +274,8 @@ def e8m0_values(codes: torch.Tensor) -> torch.Tensor:
 
 def e2m1_values(packed: torch.Tensor) -> torch.Tensor:
     """float32 [rows, 2 * cols] from uint8 [rows, cols] holding two e2m1 codes each, the high
-    nibble first."""
-    table = torch.tensor(_E2M1 + tuple(-v for v in _E2M1), dtype=torch.float32)
-    codes = torch.stack((packed >> 4, packed & 0x0F), dim=-1).reshape(packed.shape[0], -1)
-    return table[codes.long()]
+    nibble first: each byte looked up once, as the pair of values it holds."""
+    return _E2M1_PAIRS[packed.int()].reshape(packed.shape[0], -1)
 
 
 def hadamard(size: int) -> torch.Tensor:
@@ -266,12 +289,24 @@ def hadamard(size: int) -> torch.Tensor:
     return matrix / size ** 0.5
 
 
-def _unrotated(source: TensorSource, layer: QuantLayer) -> torch.Tensor:
-    """An int8 convrot weight: codes times scales, each group of input channels rotated back."""
-    weight = source.read(layer.weight).float() * source.read(layer.keys["weight_scale"]).float()
+def rotate(weight: torch.Tensor, group: int) -> torch.Tensor:
+    """Each group of `group` input channels of `weight` [out, in] times the Hadamard matrix: int8
+    convrot's rotation, and its rotation back (the matrix is its own inverse)."""
     rows, cols = weight.shape
-    group = layer.rotation
     return (weight.reshape(rows, cols // group, group) @ hadamard(group).T).reshape(rows, cols)
+
+
+def _unrotated(source: TensorSource, layer: QuantLayer) -> torch.Tensor:
+    """An int8 convrot weight: codes times scales (per tensor or per row), rotated back."""
+    from ..quant.on_load import dequantize_stored
+
+    scale = layer.keys["weight_scale"]
+    try:
+        weight = dequantize_stored(source.read(layer.weight), source.read(scale))
+    except ValueError as exc:
+        raise CheckpointError(f"{source.path}: {scale} (the scale of {layer.weight}): "
+                              f"{exc}") from None
+    return rotate(weight, layer.rotation)
 
 
 def dequantize(source: TensorSource, layer: QuantLayer, shape: tuple[int, ...]) -> torch.Tensor:
@@ -283,28 +318,27 @@ def dequantize(source: TensorSource, layer: QuantLayer, shape: tuple[int, ...]) 
     stored = source.read(layer.weight)
     rows, cols = logical_shape(layer, tuple(stored.shape))
     block = BLOCK_SIZE[layer.format]
+    # block scales as older files store them too (uint8): mxfp8's e8m0 codes, nvfp4's e4m3fn
     tiled = source.read(layer.keys["weight_scale"])
-    if tiled.dtype == torch.uint8:
-        tiled = tiled.view(_BLOCK_SCALE_DTYPES[layer.format])
-    scale_rows, scale_blocks = rows, cols // block
-    scales = untile(tiled.contiguous(), scale_rows, scale_blocks)
     if layer.format == "mxfp8":
         values = stored.float()
-        per_block = e8m0_values(scales.view(torch.uint8))
+        per_block = e8m0_values(untile(tiled.view(torch.uint8), rows, cols // block))
     else:
         values = e2m1_values(stored)
         tensor_scale = source.read(layer.keys["weight_scale_2"]).float()
+        scales = untile(tiled.view(torch.float8_e4m3fn), rows, cols // block)
         per_block = tensor_scale * scales.float()
-    weight = (values.reshape(rows, -1, block) * per_block.unsqueeze(-1)).reshape(rows, cols)
-    weight = weight[:shape[0], :shape[1]]
+    # `values` is a copy of the codes' values of its own: scaled in place
+    values.view(rows, -1, block).mul_(per_block.unsqueeze(-1))
+    weight = values[:shape[0], :shape[1]].contiguous()
     if "pre_quant_scale" in layer.keys:
         smoothing = source.read(layer.keys["pre_quant_scale"]).float().reshape(1, -1)
         if smoothing.shape[1] != shape[1]:
             raise CheckpointError(f"{source.path}: {layer.keys['pre_quant_scale']} holds "
                                   f"{smoothing.shape[1]} values for the {shape[1]} input "
                                   f"channels of {layer.weight}")
-        weight = weight * smoothing
-    return weight.contiguous()
+        weight.mul_(smoothing)
+    return weight
 
 
 def dequantized_note(path, layers: dict[str, QuantLayer]) -> str | None:

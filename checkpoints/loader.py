@@ -115,7 +115,7 @@ def _plan(source: TensorSource, expected: tuple[str, ...], role: str) -> _Plan:
             info.comfy_quant[layer.format] = info.comfy_quant.get(layer.format, 0) + 1
         dequantized = {ours: layers[f] for ours, f in key_map.items()
                   if f in layers and layers[f].dequantized}
-        shapes = {ours: _held_shape(source, layer) for ours, layer in dequantized.items()}
+        shapes = {ours: layer.shape for ours, layer in dequantized.items()}
         return _Plan(source, identity, key_map, scales, info, dequantized, shapes)
     except BaseException:
         source.close()
@@ -124,19 +124,6 @@ def _plan(source: TensorSource, expected: tuple[str, ...], role: str) -> _Plan:
 
 _LOADER_FOR = {"dit": "model loader", "vae21": "VAE loader", "vae22": "VAE loader",
                "t5": "text encoder loader"}
-
-
-def _held_shape(source: TensorSource, layer: comfy_quant.QuantLayer) -> tuple[int, ...]:
-    """The matrix a dequantized weight holds: a block-scaled one's padded shape, with the rows
-    of its bias where it has one (ComfyUI pads both sides to the format's multiple)."""
-    rows, cols = comfy_quant.logical_shape(layer, source.shape(layer.weight))
-    if not layer.block_scaled:
-        return rows, cols
-    bias = layer.weight[:-len("weight")] + "bias"
-    if bias in source.keys() and len(source.shape(bias)) == 1 \
-            and rows - comfy_quant.BLOCK_SIZE[layer.format] < source.shape(bias)[0] <= rows:
-        rows = source.shape(bias)[0]
-    return rows, cols
 
 
 def _map_keys(path: Path, source: TensorSource, identity: Identity):
@@ -213,7 +200,7 @@ def _check_shapes(path: Path, module: nn.Module, plan: _Plan, what: str) -> None
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
     wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k]
-                   and not _pads_to(plan, k, expected[k]))
+                   and not (k in plan.dequantized and plan.dequantized[k].pads_to(expected[k])))
     if missing or unexpected or wrong:
         parts = []
         if missing:
@@ -233,15 +220,6 @@ def _shapes(plan: _Plan) -> dict[str, tuple[int, ...]]:
     """Our key -> the shape of the tensor it holds (a dequantized weight's matrix)."""
     return {ours: plan.shapes.get(ours) or tuple(plan.source.shape(f))
             for ours, f in plan.key_map.items()}
-
-
-def _pads_to(plan: _Plan, ours: str, shape: tuple[int, ...]) -> bool:
-    """Whether a block-scaled weight is the matrix `shape` with ComfyUI's padding."""
-    layer = plan.dequantized.get(ours)
-    held = plan.shapes.get(ours)
-    return (layer is not None and len(shape) == 2
-            and all(want <= have for want, have in zip(shape, held))
-            and comfy_quant.padded(layer, shape) == comfy_quant.padded(layer, held))
 
 
 def _stream(plan: _Plan, module: nn.Module, dtype_for: Callable[[str], torch.dtype],

@@ -317,3 +317,18 @@ def test_nvfp4_pre_quant_scale_is_folded_into_the_weights_columns(tmp_path):
         model, _ = load_dit(path, torch.float32)
     assert torch.equal(model.blocks[0].ffn[2].weight,
                        plain["blocks.0.ffn.2.weight"] * smoothing[None, :])
+
+
+def test_an_int8_convrot_scale_of_another_size_is_refused_by_name(tmp_path):
+    """A rotated layer's scale is one per tensor or one per row; any other count is refused
+    naming the scale, not broadcast over the codes."""
+    path = tiny.write_dit(tmp_path / "dit.safetensors", CONFIG, dtype=torch.float32,
+                          comfy_quant={"blocks.1.ffn.2.weight": FORMATS["blocks.1.ffn.2.weight"]})
+    state = load_file(str(path))
+    state[PREFIX + "blocks.1.ffn.2.weight_scale"] = torch.ones(1, CONFIG.ffn_dim)
+    save_file(state, str(path))
+    with pytest.raises(CheckpointError, match=r"blocks\.1\.ffn\.2\.weight_scale \(the scale of "
+                                              r".*blocks\.1\.ffn\.2\.weight\)"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load_dit(path, torch.float32)

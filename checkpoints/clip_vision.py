@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..wan.clip_vision import CLIPVisionEncoder, config_from_state
+from .comfy_quant import METADATA_KEY
 from .reader import CheckpointError, TensorSource, open_checkpoint
 
 PREFIX = "vision_model."
@@ -38,7 +39,7 @@ def load_clip_vision(path: str | Path, dtype: torch.dtype = torch.float16) -> CL
     """The encoder on the CPU in `dtype` (norms and embeddings included)."""
     with open_checkpoint(path) as source:
         keys = source.keys()
-        _refuse_quantized(Path(path), source)
+        _refuse_quantized(Path(path), source, keys)
         if any(k.startswith(OFFICIAL_PREFIX) for k in keys):
             state = _official_state(source, dtype)
         else:
@@ -68,7 +69,7 @@ def check_clip_vision_keys(path: str | Path) -> None:
     """Raise CheckpointError unless the file's keys are a CLIP vision tower's (header only)."""
     with open_checkpoint(path) as source:
         keys = source.keys()
-        _refuse_quantized(Path(path), source)
+        _refuse_quantized(Path(path), source, keys)
     if not any(k.startswith(OFFICIAL_PREFIX) for k in keys):
         _comfy_names(Path(path), keys)
 
@@ -78,10 +79,10 @@ def check_clip_vision_keys(path: str | Path) -> None:
 _QUANTIZED_SUFFIXES = (".comfy_quant", ".weight_scale", ".scale_weight")
 
 
-def _refuse_quantized(path: Path, source: TensorSource) -> None:
-    quantized = [k for k in source.keys() if k.endswith(_QUANTIZED_SUFFIXES)]
-    if quantized or "_quantization_metadata" in source.metadata:
-        where = quantized[0] if quantized else "the _quantization_metadata entry"
+def _refuse_quantized(path: Path, source: TensorSource, keys: list[str]) -> None:
+    quantized = next((k for k in keys if k.endswith(_QUANTIZED_SUFFIXES)), None)
+    if quantized is not None or METADATA_KEY in source.metadata:
+        where = quantized if quantized is not None else f"the {METADATA_KEY} entry"
         raise CheckpointError(f"{path}: a quantized CLIP vision file ({where}); the CLIP "
                               f"vision loader reads float weights only (clip_vision_h "
                               f"in fp16, bf16 or fp32)")

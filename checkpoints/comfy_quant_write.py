@@ -13,10 +13,14 @@ from typing import NamedTuple
 
 import torch
 
-from .comfy_quant import BLOCK_SIZE, METADATA_KEY, READ, hadamard, tile
+from ..quant.rowwise import FP8, INT8, RowFormat
+from .comfy_quant import BLOCK_SIZE, E2M1, METADATA_KEY, READ, rotate, tile
 
-_FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
-_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+# the per-tensor formats: our per-row quantization with the whole matrix as one row
+_PER_TENSOR = {"float8_e4m3fn": FP8, "int8_tensorwise": INT8,
+               "float8_e5m2": RowFormat(torch.float8_e5m2,
+                                        torch.finfo(torch.float8_e5m2).max, rounds=False)}
+_E2M1 = torch.tensor(E2M1)
 _E2M1_MIDPOINTS = (_E2M1[1:] + _E2M1[:-1]) / 2
 
 
@@ -31,15 +35,11 @@ def quantize(weight: torch.Tensor, fmt: str, rotation: int = 0) -> Quantized:
     weight = weight.float()
     if rotation:
         return _int8_convrot(weight, rotation)
-    if fmt in _FP8_MAX:
-        dtype = getattr(torch, fmt)
-        scale = weight.abs().amax() / _FP8_MAX[fmt]
-        codes = (weight / scale).clamp(-_FP8_MAX[fmt], _FP8_MAX[fmt]).to(dtype)
-        return Quantized({"": codes, "weight_scale": scale.reshape(())}, codes.float() * scale)
-    if fmt == "int8_tensorwise":
-        scale = weight.abs().amax() / 127.0
-        codes = (weight / scale).round().clamp(-127, 127).to(torch.int8)
-        return Quantized({"": codes, "weight_scale": scale.reshape(())}, codes.float() * scale)
+    if fmt in _PER_TENSOR:
+        row = _PER_TENSOR[fmt]
+        scale = row.scales(weight.reshape(1, -1)).reshape(())
+        codes = row.encode(weight, scale)
+        return Quantized({"": codes, "weight_scale": scale}, codes.float() * scale)
     if fmt == "mxfp8":
         return _mxfp8(weight)
     if fmt == "nvfp4":
@@ -47,17 +47,11 @@ def quantize(weight: torch.Tensor, fmt: str, rotation: int = 0) -> Quantized:
     raise ValueError(f"{fmt!r} is not one of {READ}")
 
 
-def _rotated(weight: torch.Tensor, group: int) -> torch.Tensor:
-    """Each group of `group` input channels times the Hadamard matrix (its own inverse)."""
-    rows, cols = weight.shape
-    return (weight.reshape(rows, cols // group, group) @ hadamard(group).T).reshape(rows, cols)
-
-
 def _int8_convrot(weight: torch.Tensor, group: int) -> Quantized:
-    rotated = _rotated(weight, group)
-    scale = rotated.abs().amax(1, keepdim=True) / 127.0
-    codes = (rotated / scale).round().clamp(-127, 127).to(torch.int8)
-    return Quantized({"": codes, "weight_scale": scale}, _rotated(codes.float() * scale, group))
+    rotated = rotate(weight, group)
+    scale = INT8.scales(rotated)  # per row, [out, 1]
+    codes = INT8.encode(rotated, scale)
+    return Quantized({"": codes, "weight_scale": scale}, rotate(codes.float() * scale, group))
 
 
 def _padded_blocks(weight: torch.Tensor, fmt: str) -> torch.Tensor:

@@ -14,6 +14,8 @@ against it).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -61,14 +63,14 @@ def launch(x: torch.Tensor, gamma: torch.Tensor, scale: float, silu: bool,
     from .channel_norm_kernel import channel_norm_kernel
 
     batch, channels = x.shape[:2]
-    rows = x[0, 0].numel()
+    rows = math.prod(x.shape[2:])
     block_c = 1 << max(0, (channels - 1).bit_length())
     block_rows = max(1, ROW_BLOCK_ELEMENTS // block_c)
-    gamma = gamma.reshape(-1).contiguous()
-    bias = gamma if bias is None else bias.reshape(-1).contiguous()
     grid = (-(-rows // block_rows), batch)
-    channel_norm_kernel[grid](x, bias, gamma, out, rows, channels, batch_stride(x),
-                              batch_stride(out), float(scale), HAS_BIAS=bias is not gamma,
+    # kernel_usable found both in channels-last rows: their batch strides are stride(0)
+    channel_norm_kernel[grid](x, x if bias is None else bias.reshape(-1).contiguous(),
+                              gamma.reshape(-1).contiguous(), out, rows, channels, x.stride(0),
+                              out.stride(0), float(scale), HAS_BIAS=bias is not None,
                               SILU=silu, BLOCK_ROWS=block_rows, BLOCK_C=block_c, num_warps=8,
                               **KERNEL_OPTIONS)
     return out

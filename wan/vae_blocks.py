@@ -164,10 +164,6 @@ class ChannelRMSNorm(nn.Module):
         return out.copy_(F.silu(y, inplace=True) if silu else y)
 
 
-def _channels_last_like(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.channels_last_3d)
-
-
 def _norm_silu_conv(norm: ChannelRMSNorm, conv: CausalConv3d, x: torch.Tensor,
                     cache: CausalCache, x_bias: torch.Tensor | None = None,
                     conv_bias: bool = True) -> torch.Tensor:
@@ -176,7 +172,6 @@ def _norm_silu_conv(norm: ChannelRMSNorm, conv: CausalConv3d, x: torch.Tensor,
     result lacks the convolution's bias (the next norm adds it as its x_bias)."""
     stream, fresh = conv.open_stream(x, cache)
     norm.into(x, fresh, silu=True, bias=x_bias)
-    del fresh
     return conv.run_stream(stream, cache, bias=conv_bias)
 
 
@@ -197,7 +192,7 @@ class ResidualBlock(nn.Module):
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         norm1, act1, conv1, norm2, act2, dropout, conv2 = self.residual
         if cache.channels_last and not (dropout.training and dropout.p > 0):
-            h = _norm_silu_conv(norm1, conv1, x, cache, conv_bias=conv1.bias is None)
+            h = _norm_silu_conv(norm1, conv1, x, cache, conv_bias=False)
             h = _norm_silu_conv(norm2, conv2, h, cache, x_bias=conv1.bias)
             return h.add_(self.shortcut(x))
         # One step per line, so each intermediate is freed as soon as the next one exists.
@@ -221,7 +216,8 @@ class FrameAttention(nn.Module):
         # `cache` is unused (nothing crosses frames); it keeps the layer interface uniform.
         b, c, t, h, w = x.shape
         if cache is not None and cache.channels_last:
-            qkv = self.to_qkv(self.norm.into(x, _channels_last_like(x), silu=False))
+            normed = torch.empty_like(x, memory_format=torch.channels_last_3d)
+            qkv = self.to_qkv(self.norm.into(x, normed, silu=False))
         else:
             qkv = self.to_qkv(self.norm(x))
         tokens = qkv.permute(0, 2, 3, 4, 1).reshape(b * t, 1, h * w, 3 * c)
@@ -404,16 +400,12 @@ class CausalVideoVAE(nn.Module):
             return self.decode_memory_format
         return torch.channels_last_3d if device.type == "cuda" else torch.contiguous_format
 
-    def _decode_layout(self, x: torch.Tensor) -> torch.memory_format:
-        return self.decode_layout(x.device)
-
     @torch.no_grad()
     def _decode_frames(self, mu: torch.Tensor) -> Iterator[torch.Tensor]:
         x = self.conv2(self._like_parameters(mu))
-        layout = self._decode_layout(x)
-        channels_last = layout == torch.channels_last_3d
-        if channels_last:
-            x = x.contiguous(memory_format=layout)
+        # The latent's frames need no conversion: the decoder's first (causal) convolution
+        # copies each into its channels-last input buffer.
+        channels_last = self.decode_layout(x.device) == torch.channels_last_3d
         set_weight_layout(self.decoder, channels_last)
         cache = CausalCache(channels_last=channels_last)
         for t in range(x.shape[2]):

@@ -8,22 +8,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-from wan_enhanced.checkpoints.tiny import TINY_VAE, random_vae_state
+from test_tiled_decode import build_vae
 from wan_enhanced.wan import channel_norm
-from wan_enhanced.wan.vae21 import WanVAE21
-from wan_enhanced.wan.vae22 import DuplicateUp, WanVAE22, unfold_pixels
+from wan_enhanced.wan.vae22 import DuplicateUp, unfold_pixels
 from wan_enhanced.wan.vae_blocks import (CausalCache, CausalConv3d, ChannelRMSNorm,
                                          NearestUpsample2x, _interleave_channel_halves,
                                          set_weight_layout)
 
-CLASSES = {"vae21": WanVAE21, "vae22": WanVAE22}
+KINDS = ("vae21", "vae22")
 CL = torch.channels_last_3d
-
-
-def build_vae(kind: str) -> nn.Module:
-    vae = CLASSES[kind](**TINY_VAE[kind])
-    vae.load_state_dict(random_vae_state(kind))
-    return vae.eval()
 
 
 def conv_weights(vae: nn.Module) -> list[torch.Tensor]:
@@ -42,7 +35,7 @@ def decode_seeing_conv_inputs(vae: nn.Module, latent: torch.Tensor):
             hook.remove()
 
 
-@pytest.mark.parametrize("kind", sorted(CLASSES))
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("batch", [1, 2])
 def test_channels_last_decode_equals_the_ncdhw_decode(kind, batch):
     vae = build_vae(kind)
@@ -161,7 +154,7 @@ def test_channel_norm_kernel_matches_its_statement(channels, dtype, silu, with_b
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", sorted(CLASSES))
+@pytest.mark.parametrize("kind", KINDS)
 def test_cuda_channels_last_decode_matches_the_ncdhw_decode(kind):
     vae = build_vae(kind).cuda()
     latent = torch.randn(1, vae.z_dim, 3, 6, 5, generator=torch.Generator().manual_seed(3)).cuda()

@@ -50,6 +50,7 @@ Our nodes -> ComfyUI's (the translation is `comfy_plan`, data that tests check w
   WanEnhancedSaveVideo          CreateVideo(images, fps) + SaveVideo(filename_prefix, format
                                 "mp4", codec "h264"); SaveVideo has no crf input (ComfyUI's
                                 encoder picks its own quality), so our crf is not translated.
+  WanEnhancedDecodeSaveVideo    VAEDecode + CreateVideo + SaveVideo, as the two above.
 Any other node is refused, naming it. Every input that is not translated is listed in the
 output's `not_translated`.
 
@@ -417,27 +418,31 @@ def comfy_plan(workflow: dict, latent_channels: Callable[[str], int] = channels_
                                         steps=steps_n, cfg=cfg_low, latent_image=high,
                                         start_at_step=switch, end_at_step=steps_n,
                                         return_with_leftover_noise="disable", **common)
-        elif kind == "WanEnhancedTiledDecode":
-            ignore(node_id, kind, inputs, {"mode": "auto"})
-            notes.append(f"{node_id} {kind}: tile settings not translated (VAEDecode, as the "
-                         f"templates)")
-            outputs[(node_id, 0)] = add(node_id, "VAEDecode", "decode",
-                                        samples=link(node_id, inputs, "latent"),
-                                        vae=link(node_id, inputs, "vae"))
-        elif kind == "WanEnhancedSaveVideo":
-            notes.append(f"{node_id} {kind}.crf={inputs.get('crf')!r}: not translated "
-                         f"(ComfyUI's SaveVideo has no crf input)")
-            video = add(f"{node_id}.create", "CreateVideo", "video_write",
-                        images=link(node_id, inputs, "images"), fps=float(inputs["fps"]))
-            add(f"{node_id}.save", "SaveVideo", "video_write", video=video,
-                filename_prefix=inputs.get("filename_prefix", "video/ComfyUI"),
-                format="mp4", codec="h264")
+        elif kind in ("WanEnhancedTiledDecode", "WanEnhancedSaveVideo",
+                      "WanEnhancedDecodeSaveVideo"):
+            if kind != "WanEnhancedSaveVideo":
+                ignore(node_id, kind, inputs, {"mode": "auto"})
+                notes.append(f"{node_id} {kind}: tile settings not translated (VAEDecode, as "
+                             f"the templates)")
+                outputs[(node_id, 0)] = add(node_id, "VAEDecode", "decode",
+                                            samples=link(node_id, inputs, "latent"),
+                                            vae=link(node_id, inputs, "vae"))
+            if kind != "WanEnhancedTiledDecode":
+                notes.append(f"{node_id} {kind}.crf={inputs.get('crf')!r}: not translated "
+                             f"(ComfyUI's SaveVideo has no crf input)")
+                images = outputs[(node_id, 0)] if kind == "WanEnhancedDecodeSaveVideo" else \
+                    link(node_id, inputs, "images")
+                video = add(f"{node_id}.create", "CreateVideo", "video_write",
+                            images=images, fps=float(inputs["fps"]))
+                add(f"{node_id}.save", "SaveVideo", "video_write", video=video,
+                    filename_prefix=inputs.get("filename_prefix", "video/ComfyUI"),
+                    format="mp4", codec="h264")
         else:
             refuse("no ComfyUI counterpart is known to this benchmark; it translates "
                    "WanEnhancedModelLoader, WanEnhancedLoRALoader, "
                    "WanEnhancedTextEncoderLoader, WanEnhancedVAELoader, WanEnhancedTextEncode, "
-                   "WanEnhancedEmptyLatent, WanEnhancedSampler, WanEnhancedTiledDecode and "
-                   "WanEnhancedSaveVideo")
+                   "WanEnhancedEmptyLatent, WanEnhancedSampler, WanEnhancedTiledDecode, "
+                   "WanEnhancedSaveVideo and WanEnhancedDecodeSaveVideo")
 
     rank = {phase: i for i, phase in enumerate(PHASES)}
     ordered = sorted(steps, key=lambda s: rank[s.phase])  # stable: keeps dependency order

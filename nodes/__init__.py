@@ -2,6 +2,7 @@
 
 from .attention import WanAttentionPatch
 from .decode import WanTiledDecode
+from .decode_video import WanDecodeSaveVideo
 from .latent import WanEmptyLatent, WanImageToVideoLatent
 from .loaders import WanCLIPVisionLoader, WanModelLoader, WanTextEncoderLoader, WanVAELoader
 from .lora import WanLoRALoader
@@ -24,6 +25,7 @@ _NODES = {
     "WanEnhancedTiledDecode": WanTiledDecode,
     "WanEnhancedMemoryProbe": WanMemoryProbe,
     "WanEnhancedSaveVideo": WanSaveVideo,
+    "WanEnhancedDecodeSaveVideo": WanDecodeSaveVideo,
     "WanEnhancedLoRALoader": WanLoRALoader,
     "WanEnhancedAttentionPatch": WanAttentionPatch,
 }

@@ -10,7 +10,7 @@ import torch
 from .. import host
 from ..vae_tiling.budget import DecodeCost
 from ..wan.configs import VAES
-from ..vae_tiling.decode import decode_to_images, plan_grid
+from ..vae_tiling.decode import FrameListener, decode_to_images, plan_grid
 from . import memory_guard as guard
 from .handles import WanVAEHandle
 from .placement import DevicePlacement
@@ -38,13 +38,14 @@ DECODE_MODES = ("tiled", "untiled", "auto")
 
 def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 272),
            stride=(144, 128), budget_gb: float = 3.0, overlap: int = 64, device=None,
-           progress=None) -> torch.Tensor:
+           progress=None, listener: FrameListener | None = None) -> torch.Tensor:
     """IMAGE frames [B*F, H, W, 3] float32 in 0..1 on the CPU.
 
     mode "tiled" uses tile/stride (pixels, (x, y)); "untiled" decodes whole frames; "auto" plans
     the grid of least work whose tiles fit `budget_gb` GiB of device memory besides the VAE's
     weights (0: the memory the device has free once the VAE is placed and the host has made
     room for an untiled decode), tiles overlapping by `overlap` pixels.
+    listener: told of the frames as they become final (vae_tiling.decode.FrameListener).
     """
     if mode not in DECODE_MODES:
         raise InputError(f"mode: expected one of {list(DECODE_MODES)}, got {mode!r}")
@@ -77,7 +78,8 @@ def decode(vae: WanVAEHandle, latent: dict, *, mode: str = "auto", tile=(272, 27
 
         def run(grid):
             return decode_to_images(vae.model, samples, grid=grid, device=device,
-                                    progress=progress, check_interrupt=host.check_interrupt)
+                                    progress=progress, check_interrupt=host.check_interrupt,
+                                    listener=listener)
 
         grid = plan(budget)
         if budget is None:

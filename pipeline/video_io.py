@@ -20,7 +20,7 @@ import threading
 import time
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -34,28 +34,43 @@ H264_ENCODERS = ("libx264", "libopenh264", "h264_videotoolbox", "h264_nvenc", "h
                  "h264_amf", "h264_mf", "h264_vaapi")
 PIXEL_FORMAT = "yuv420p"  # what every player decodes
 BT709 = 1  # colour matrix, primaries and transfer tag (the HD standard; browsers assume it)
+# how libavcodec spreads the encoder over the CPU's cores: "FRAME" (frames in flight at once)
+# or "SLICE" (each frame cut into slices, PyAV's default); bench/video_write.py measures both
+ENCODER_THREAD_TYPE = "FRAME"
 
 
 TAG_PREFIX = "wan-enhanced "  # the container's comment: TAG_PREFIX + the write's token
 
 
 def save_mp4(frames, path: str | Path, fps: float = 16, crf: int = DEFAULT_CRF,
-             encoder: str | None = None, tag: str | None = None, replace: bool = True) -> Path:
+             encoder: str | None = None, tag: str | None = None, replace: bool = True,
+             frame_ready: Callable[[int], None] | None = None) -> Path:
     """Encode `frames` to an H.264 MP4 at `path` and return the path.
 
     frames: an IMAGE tensor [F,H,W,3] (float 0..1, or uint8 0..255), a numpy array of the same
     form, or any iterable of [H,W,3] frames; frames are converted one at a time, so the video is
     never held twice. The folder must exist. An existing file at `path` is replaced, unless
     replace=False (then FileExistsError, nothing replaced). tag: a token written into the
-    file's metadata (read_tag gives it back)."""
+    file's metadata (read_tag gives it back).
+    frame_ready(index): with an IMAGE tensor, called before frame `index` is read; it returns
+    once the frame holds its final values (a tensor still being filled, pipeline/
+    decode_video.py) and whatever it raises stops the write, leaving no file."""
     path = Path(path)
+    if frame_ready is not None and not (isinstance(frames, torch.Tensor) and frames.ndim == 4):
+        raise TypeError("frame_ready needs the frames as one IMAGE tensor [F,H,W,3]")
+    rate = check_video_settings(fps, crf)
+    encoder = encoder or default_h264_encoder()
+    with atomic_target(path, path.name, make_folder=False, replace=replace) as temp:
+        _encode(_uint8_frames(frames, frame_ready), temp, rate, int(crf), encoder, tag)
+    return path
+
+
+def check_video_settings(fps, crf) -> Fraction:
+    """The frame rate as a fraction; ValueError for an fps or crf save_mp4 cannot write."""
     rate = _frame_rate(fps)
     if not (isinstance(crf, (int, np.integer)) and 0 <= crf <= 51):
         raise ValueError(f"crf must be an integer from 0 to 51 (lower is better), got {crf!r}")
-    encoder = encoder or default_h264_encoder()
-    with atomic_target(path, path.name, make_folder=False, replace=replace) as temp:
-        _encode(_uint8_frames(frames), temp, rate, int(crf), encoder, tag)
-    return path
+    return rate
 
 
 def read_tag(path: str | Path) -> str | None:
@@ -213,6 +228,8 @@ def _add_stream(container, encoder: str, rate: Fraction, crf: int, width: int, h
     context.time_base = 1 / rate
     context.colorspace = context.color_primaries = context.color_trc = BT709
     context.color_range = 1  # limited ("MPEG") range, what players expect from yuv420p
+    context.thread_count = 0  # as many as the CPU has
+    context.thread_type = ENCODER_THREAD_TYPE
     _set_quality(stream, encoder, crf, width * height * float(rate))
     return stream
 
@@ -251,7 +268,7 @@ def default_h264_encoder() -> str:
 
 # -- frames ------------------------------------------------------------------------------------
 
-def _uint8_frames(frames) -> Iterator[np.ndarray]:
+def _uint8_frames(frames, frame_ready=None) -> Iterator[np.ndarray]:
     """RGB uint8 frames [H,W,3] of one size, with even sides, one at a time.
 
     A frame yielded may be overwritten once the next one is asked for (the consumer copies it
@@ -261,7 +278,7 @@ def _uint8_frames(frames) -> Iterator[np.ndarray]:
     video's writing time where page faults are dear)."""
     if isinstance(frames, torch.Tensor) and frames.ndim == 4 and frames.shape[-1] == 3 \
             and frames.shape[0] > 0:
-        yield from _converted_ahead(frames)
+        yield from _converted_ahead(frames, frame_ready)
         return
     if isinstance(frames, (torch.Tensor, np.ndarray)):
         if frames.ndim != 4:
@@ -283,8 +300,9 @@ class _FrameConverter:
     """A tensor's frames to uint8, the same operations as _to_uint8 written into two buffer
     pairs used in turn (frame k's pair is reused for frame k + 2)."""
 
-    def __init__(self, frames: torch.Tensor):
+    def __init__(self, frames: torch.Tensor, frame_ready=None):
         self.frames = frames.detach()
+        self.frame_ready = frame_ready
         shape = tuple(self.frames.shape[1:])
         self.work = [torch.empty(shape, dtype=torch.float32) for _ in range(2)]
         self.out = [torch.empty(shape, dtype=torch.uint8) for _ in range(2)]
@@ -296,6 +314,8 @@ class _FrameConverter:
             return self._convert(index)
 
     def _convert(self, index: int) -> np.ndarray:
+        if self.frame_ready is not None:
+            self.frame_ready(index)
         frame = self.frames[index].cpu()
         if frame.dtype == torch.uint8:
             return _pad_to_even(frame.numpy())
@@ -309,10 +329,10 @@ class _FrameConverter:
         return _pad_to_even(out.numpy())
 
 
-def _converted_ahead(frames: torch.Tensor) -> Iterator[np.ndarray]:
+def _converted_ahead(frames: torch.Tensor, frame_ready=None) -> Iterator[np.ndarray]:
     from concurrent.futures import ThreadPoolExecutor
 
-    convert = _FrameConverter(frames)
+    convert = _FrameConverter(frames, frame_ready)
     with ThreadPoolExecutor(1, thread_name_prefix="wan-video-frames") as pool:
         pending = pool.submit(convert, 0)
         for index in range(1, frames.shape[0] + 1):

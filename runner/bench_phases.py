@@ -2,7 +2,8 @@
 
 Each node's time (from the runner's start and finish events) goes to the phase of its class:
 loading (the model, text-encoder, VAE, CLIP-vision and LoRA loaders), text encoding, sampling,
-decoding, writing the video, and the rest (latents, start images, probes). A sampler's time is
+decoding, writing the video, and the rest (latents, start images, probes); the node that
+writes while it decodes counts to decoding up to its "decode done" event and to writing after. A sampler's time is
 split further by its step events (profiling/events.py): up to the end of its first step
 (placing the model, compiling, kernel builds and the step itself), the steady steps after it,
 and what follows its last step. A node the runner took from its cache takes no time.
@@ -19,8 +20,11 @@ PHASE_OF = {
     "WanEnhancedVAELoader": "load", "WanEnhancedCLIPVisionLoader": "load",
     "WanEnhancedLoRALoader": "load", "WanEnhancedTextEncode": "text_encode",
     "WanEnhancedSampler": "sample", "WanEnhancedTiledDecode": "decode",
-    "WanEnhancedSaveVideo": "video_write",
+    "WanEnhancedSaveVideo": "video_write", "WanEnhancedDecodeSaveVideo": "decode_write",
 }
+# the node that writes the video while it decodes: decoding up to this event of the node, then
+# writing (what the write takes past the last decoded frame)
+DECODED_EVENT = "decode done"
 PHASES = ("load", "text_encode", "first_step", "steady_steps", "sample_rest", "decode",
           "video_write", "other", "total")
 
@@ -44,6 +48,13 @@ def run_phases(nodes: list[NodeTime], events: list[dict], total: float) -> dict:
         if node.cached:
             continue
         phase = PHASE_OF.get(node.class_type, "other")
+        if phase == "decode_write":
+            decoded = [e["time"] for e in events
+                       if e.get("node") == node.node_id and e.get("label") == DECODED_EVENT]
+            split = min(decoded[-1] - node.start, node.seconds) if decoded else node.seconds
+            out["decode"] += split
+            out["video_write"] += node.seconds - split
+            continue
         if phase != "sample":
             out[phase] += node.seconds
             continue

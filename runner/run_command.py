@@ -285,7 +285,7 @@ def _recovered(job: SweepJob, validated, results: ResultsLog, total: int) -> boo
 
     orphans = results.orphans(job.job_key)
     savers = {node_id for node_id in validated.order
-              if validated.nodes[node_id]["class_type"] == "WanEnhancedSaveVideo"}
+              if validated.nodes[node_id]["class_type"] in VIDEO_SAVERS}
     if not savers or not savers <= set(orphans):
         return False
     for node_id in savers:  # each file there, and written by that attempt (its token)
@@ -369,6 +369,8 @@ class _StopRequest:
 
 
 STOP_GRACE_S = 3.0
+# the nodes that write a video a sweep's record names (and a rerun may recover)
+VIDEO_SAVERS = ("WanEnhancedSaveVideo", "WanEnhancedDecodeSaveVideo")
 
 
 def _say(text: str) -> None:

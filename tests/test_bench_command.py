@@ -131,6 +131,19 @@ def test_phases_split_a_run_by_node_class_and_the_sampler_by_its_steps():
                       "total": 19.0, "steady_step_count": 3}
 
 
+def test_phases_split_the_decode_and_save_node_at_its_decode_done_event():
+    from wan_enhanced.runner.bench_phases import NodeTime, run_phases
+
+    nodes = [NodeTime("7", "WanEnhancedDecodeSaveVideo", 114.0, 4.0)]
+    events = [{"stage": "decode", "node": "7", "label": "decode starts", "time": 114.0},
+              {"stage": "decode", "node": "7", "label": "decode done", "time": 117.25},
+              {"stage": "decode", "node": "8", "label": "decode done", "time": 117.75}]
+    phases = run_phases(nodes, events, 4.0)
+    assert (phases["decode"], phases["video_write"]) == (3.25, 0.75)
+    # without the event (an older log), all of it is decoding
+    assert run_phases(nodes, events[:1], 4.0)["decode"] == 4.0
+
+
 def test_bench_distill_scenario_cold_then_warm_on_tiny_models(tmp_path, capsys):
     """--warm: the second run in the same process reuses the loaded models and the encoded
     prompt (no load, no text encoding) and samples again with the next seed."""

@@ -71,8 +71,9 @@ def test_ti2v_5b_distill_becomes_the_5b_template_with_its_lora():
     assert plan.step("4.positive").inputs["text"].startswith("A red fox")
     assert plan.step("4.negative").inputs["text"].startswith("色调艳丽")
     assert plan.step("7").inputs == {"samples": Ref("6"), "vae": Ref("3")}
-    assert plan.step("8.create").inputs == {"images": Ref("7"), "fps": 24.0}
-    assert plan.step("8.save").inputs == {"video": Ref("8.create"),
+    # our node decodes and writes at once: ComfyUI's VAEDecode, then CreateVideo and SaveVideo
+    assert plan.step("7.create").inputs == {"images": Ref("7"), "fps": 24.0}
+    assert plan.step("7.save").inputs == {"video": Ref("7.create"),
                                           "filename_prefix": "wan/ti2v_5b_distill",
                                           "format": "mp4", "codec": "h264"}
     assert any("crf=19" in note and "no crf input" in note for note in plan.not_translated)
@@ -90,7 +91,7 @@ def test_wan21_14b_distill_takes_the_16_channel_empty_latent():
     (sampler,) = by_node(plan, "KSampler")
     assert (sampler.inputs["sampler_name"], sampler.inputs["scheduler"],
             sampler.inputs["steps"], sampler.inputs["cfg"]) == ("euler", "simple", 4, 1.0)
-    assert plan.step("8.create").inputs["fps"] == 16.0
+    assert plan.step("7.create").inputs["fps"] == 16.0
 
 
 def test_a14b_pair_becomes_two_ksampler_advanced_split_two_and_two():
@@ -216,7 +217,7 @@ def test_every_plan_runs_in_dependency_and_phase_order(name):
     (lambda w: w["6"]["inputs"].update(scheduler="ddim"),
      r"node 6 \(WanEnhancedSampler\): scheduler 'ddim'"),
     (lambda w: w["7"]["inputs"].update(latent=5),
-     r"node 7 \(WanEnhancedTiledDecode\): input 'latent' must be linked"),
+     r"node 7 \(WanEnhancedDecodeSaveVideo\): input 'latent' must be linked"),
 ])
 def test_an_untranslatable_node_or_input_is_refused_by_name(change, where):
     workflow = load("wan21_t2v_14b_distill")
@@ -278,7 +279,7 @@ def test_set_takes_an_id_a_class_or_a_title_and_keeps_floats_floats():
 # -- what a warm run reuses --------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, rerun", [
-    ("wan22_ti2v_5b_distill", {"6", "7", "8.create", "8.save"}),
+    ("wan22_ti2v_5b_distill", {"6", "7", "7.create", "7.save"}),
     ("wan22_t2v_a14b_4step_lora", {"9.high", "9.low", "10", "11.create", "11.save"}),
 ])
 def test_a_second_prompt_with_seed_plus_one_reruns_only_sampling_and_after(name, rerun):

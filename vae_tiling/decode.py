@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -27,6 +28,19 @@ DEFAULT_STRIDE = (144, 128)
 
 # -- the decode --------------------------------------------------------------------------------
 
+class FrameListener(Protocol):
+    """Told which frames of the decode's output are final while the decode goes on (a video
+    writer encodes them meanwhile)."""
+
+    def started(self, images: torch.Tensor, frames: int) -> None:
+        """The output [B*F, H, W, 3] the frames are blended into, F = `frames` a batch item;
+        nothing of it is final yet. (Called again if the decode starts over.)"""
+
+    def final(self, frames: int) -> None:
+        """Frames 0..frames-1 of every batch item hold their final values (they are not written
+        again). May raise to stop the decode."""
+
+
 def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True,
                      tile: tuple[int, int] = DEFAULT_TILE,
                      stride: tuple[int, int] = DEFAULT_STRIDE,
@@ -34,7 +48,8 @@ def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True
                      grid: TileGrid | None = None,
                      device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                      progress: Callable[[int, int], None] | None = None,
-                     check_interrupt: Callable[[], None] | None = None) -> torch.Tensor:
+                     check_interrupt: Callable[[], None] | None = None,
+                     listener: FrameListener | None = None) -> torch.Tensor:
     """Raw (de-normalised) latent [B, C, T, h, w] -> IMAGE frames [B*F, H, W, 3], float32 0..1.
 
     F = 1 + 4(T-1) frames per batch item, batch item 0 first; H, W = h, w times the VAE's
@@ -50,6 +65,8 @@ def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True
     progress(done, total): called after each decoded chunk of each tile.
     check_interrupt(): called between chunks; whatever it raises aborts the decode and
         propagates, leaving nothing of the decode referenced.
+    listener: told of the output tensor, then of the frames that are final: every frame's last
+        tile is the grid's last, so frames become final chunk by chunk during the last tile.
     """
     _check_latent(vae, latent)
     device = _run_device(vae, device, dtype)
@@ -64,7 +81,9 @@ def decode_to_images(vae: nn.Module, latent: torch.Tensor, *, tiled: bool = True
     canvas = ImageCanvas(batch, 1 + vae.temporal_stride * (latent_frames - 1),
                          height * scale, width * scale)
     try:
-        _decode_tiles(vae, latent, grid, canvas, device, progress, check_interrupt)
+        if listener is not None:
+            listener.started(canvas.images(), canvas.frame_count)
+        _decode_tiles(vae, latent, grid, canvas, device, progress, check_interrupt, listener)
     except BaseException as error:
         # The traceback keeps the frames it passed through, and with them the decode's tensors
         # (device activations, staging buffers, the generator and its cache). Clear them so that
@@ -89,11 +108,18 @@ def plan_grid(vae: nn.Module, latent_shape, *, tiled: bool = True,
 
 
 def _decode_tiles(vae: nn.Module, latent: torch.Tensor, grid: TileGrid, canvas: ImageCanvas,
-                  device: torch.device, progress, check_interrupt) -> None:
+                  device: torch.device, progress, check_interrupt, listener) -> None:
     staging = DeviceToHost(device)
     total, done = len(grid) * latent.shape[2], 0
     pending = None  # the previous chunk: added to the canvas while the device decodes the next
-    for tile in grid:
+    last_tile = len(grid) - 1
+
+    def add(chunk: StagedChunk, tile_index: int) -> None:
+        canvas.add(chunk)
+        if listener is not None and tile_index == last_tile:
+            listener.final(chunk.frame_slice.stop)
+
+    for tile_index, tile in enumerate(grid):
         half_weights = (0.5 * tile.weights()).to(device)
         rows, cols = tile.rows.pixels(grid.scale), tile.cols.pixels(grid.scale)
         finished = tile.last_rows.pixels(grid.scale), tile.last_cols.pixels(grid.scale)
@@ -109,8 +135,8 @@ def _decode_tiles(vae: nn.Module, latent: torch.Tensor, grid: TileGrid, canvas: 
                                   (rows, cols), finished)
             del image
             if pending is not None:
-                canvas.add(pending)
-            pending = staged
+                add(*pending)
+            pending = staged, tile_index
             first_frame += staged.frames
             done += 1
             if progress is not None:
@@ -121,7 +147,7 @@ def _decode_tiles(vae: nn.Module, latent: torch.Tensor, grid: TileGrid, canvas: 
             raise RuntimeError(f"the VAE decoded {first_frame} frames, expected "
                                f"{canvas.frame_count} (1 + {vae.temporal_stride}(T-1))")
     if pending is not None:
-        canvas.add(pending)
+        add(*pending)
 
 
 def weighted_image(chunk: torch.Tensor, half_weights: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,14 @@ from .dit_block import WanBlock
 from .glue import add_gated_, layer_norm, modulate
 from .rope import RotaryTable
 
+# A step cache's hook around the transformer blocks (sampling/residual_cache.py):
+# hook(tokens, e, e0, run_blocks) -> the tokens the head gets. tokens: [B, L, D] float32, the
+# residual stream entering the first block (run_blocks updates it in place); e [B, G, D] and
+# e0 [B, G, 6, D]: the time embedding and its projection; run_blocks(tokens) runs every block
+# (block swap, compiled and row-chunked blocks included) and returns the last block's output.
+BlockStackHook = Callable[[torch.Tensor, torch.Tensor, torch.Tensor,
+                           Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
+
 
 def linear_fp32(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A linear layer computed in float32 whatever dtype its weights are stored in."""
@@ -196,7 +204,7 @@ class WanDiT(nn.Module):
                 attention: str = "sdpa", blocks: Iterable[nn.Module] | None = None,
                 compiled: bool = False,
                 between_blocks: Callable[[], None] = lambda: None,
-                sequence=None) -> torch.Tensor:
+                sequence=None, block_stack: BlockStackHook | None = None) -> torch.Tensor:
         """Velocity prediction, float32, shaped like x.
 
         x: [B, C, F, H, W] noisy latent; y: optional conditioning channels concatenated to x
@@ -208,6 +216,7 @@ class WanDiT(nn.Module):
         phases (wan/chunks.py checked); the caller's interrupt check raises there.
         sequence: this process computes one shard of the token rows, the others of its process
         group the rest (distributed/sequence_split.py SequenceSplit); the output is whole.
+        block_stack: a step cache's say over the blocks (BlockStackHook); None runs them.
         """
         if y is not None:
             x = torch.cat([x, y.to(x.dtype)], dim=1)
@@ -234,15 +243,25 @@ class WanDiT(nn.Module):
             tokens, e, e0, rope, attend = sequence.shard(tokens, grid, e, e0, rope, attend,
                                                          self.config.num_heads)
             attention_rows = tokens.shape[1]
-        owed = OwedUpdate() if compiled else None  # the last FFN's update, added by the next block
-        with checks_between_chunks(between_blocks):  # and between a block's row chunks
-            for block in (self.blocks if blocks is None else blocks):
-                between_blocks()
-                args = (tokens, e0, rope, text, image, attend, self.compute_dtype, attention_rows)
-                tokens = compiled_forward(block, *args, owed=owed) if compiled else block(*args)
-        if owed is not None and owed.update is not None:
-            add_gated_(tokens, *owed.take())
+        if block_stack is not None and sequence is not None:
+            raise ValueError("a step cache (block_stack) runs on one process; this forward is "
+                             "split over several (sequence)")
 
+        def run_blocks(tokens: torch.Tensor) -> torch.Tensor:
+            owed = OwedUpdate() if compiled else None  # the last FFN's update, added next block
+            with checks_between_chunks(between_blocks):  # and between a block's row chunks
+                for block in (self.blocks if blocks is None else blocks):
+                    between_blocks()
+                    args = (tokens, e0, rope, text, image, attend, self.compute_dtype,
+                            attention_rows)
+                    tokens = compiled_forward(block, *args, owed=owed) if compiled \
+                        else block(*args)
+            if owed is not None and owed.update is not None:
+                add_gated_(tokens, *owed.take())
+            return tokens
+
+        tokens = run_blocks(tokens) if block_stack is None else \
+            block_stack(tokens, e, e0, run_blocks)
         out = self.head(tokens, e)
         if sequence is not None:
             out = sequence.gather(out)

@@ -58,11 +58,16 @@ class WanSampler:
                                  "model that does not fit one GPU"}),
             "cache": (list(CACHE_METHODS), {"default": "off", "tooltip":
                       "easycache: a step whose input changed little since the last full "
-                      "forward reuses that forward's residual instead of running the model "
-                      "(faster, approximate; the log says how many steps it skipped)"}),
+                      "forward reuses that forward's residual instead of running the model. "
+                      "teacache / teacache_ret_steps (Wan2.1) and magcache (Wan2.1, Wan2.2): "
+                      "a forward skips the transformer blocks and reuses their last residual, "
+                      "as the methods' published Wan code decides with the model's published "
+                      "coefficients; a model without them is refused by name. Faster, "
+                      "approximate; the log says how much was skipped"}),
             "cache_threshold": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 3.0,
-                                          "step": 0.01, "tooltip": "easycache: higher skips "
-                                          "more steps; -1 uses its default, 0.2"}),
+                                          "step": 0.01, "tooltip": "higher skips more; -1 "
+                                          "uses the method's default: easycache 0.2, teacache "
+                                          "0.2, magcache 0.12 (Wan2.1) / 0.04 (Wan2.2)"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     RETURN_TYPES = ("LATENT",)

@@ -21,7 +21,10 @@ from ..sampling.experts import ExpertPair, SingleModel
 from ..sampling.loop import denoise as run_denoise
 from ..sampling.loop import noise_latent
 from ..sampling.solvers import SOLVER_NAMES, make_schedule, make_solver
-from ..sampling.step_cache import CACHE_METHODS, EasyCacheModel, EasyCacheSettings
+from ..sampling.magcache import MagCache
+from ..sampling.residual_cache import ResidualCache
+from ..sampling.step_cache import EasyCacheModel
+from ..sampling.teacache import TeaCache
 from ..wan.configs import EXPERT_BOUNDARY
 from .handles import WanModelHandle
 from .dit_placement import DiTPlacement
@@ -29,6 +32,7 @@ from .placement import DevicePlacement
 from .errors import InputError
 from .native_keys import noise_for
 from .sampler_inputs import gather_inputs
+from .step_caches import CacheChoice, cache_choice
 
 _LOG = logging.getLogger("wan_enhanced")
 
@@ -54,8 +58,8 @@ class SamplerSettings:
     # several GPUs (distributed/): the run split over this many, the blocks sharded with fsdp
     gpus: int = 1
     fsdp: bool = False
-    # step caching (sampling/step_cache.py): "off" or "easycache"; its threshold (None: the
-    # method's default)
+    # step caching (pipeline/step_caches.py): "off" or a method of CACHE_METHODS; its threshold
+    # (None: the method's default)
     cache: str = "off"
     cache_threshold: float | None = None
 
@@ -104,12 +108,25 @@ def schedule_for(settings: SamplerSettings):
 
 def _dit_fn(handle: WanModelHandle, placement: DiTPlacement, y: torch.Tensor | None = None,
             clip_tokens: torch.Tensor | None = None):
-    def forward(x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """The model callable of `handle`; its optional block_stack is a step cache's hook
+    (sampling/residual_cache.py)."""
+    def forward(x: torch.Tensor, t: torch.Tensor, context: torch.Tensor,
+                block_stack=None) -> torch.Tensor:
         return handle.model(x, t, context, y=y, clip_tokens=clip_tokens,
                             attention=handle.attention, compiled=handle.compile,
                             blocks=placement.blocks(handle),
-                            between_blocks=host.check_interrupt)
+                            between_blocks=host.check_interrupt, block_stack=block_stack)
     return forward
+
+
+def residual_cache(cache: CacheChoice, schedule, cond, uncond,
+                   high_noise_steps: int | None) -> ResidualCache:
+    """TeaCache or MagCache over the run's `schedule` (one state for an A14B pair, as MagCache's
+    reference keeps)."""
+    steps = schedule.steps
+    policy = TeaCache(cache.teacache(), steps) if cache.method != "magcache" else \
+        MagCache(cache.magcache(high_noise_steps), steps)
+    return ResidualCache(policy, steps, cond=cond, uncond=uncond)
 
 
 def sample(model: WanModelHandle, positive, negative, latent: dict, settings: SamplerSettings,
@@ -135,7 +152,8 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
         raise InputError(f"gpus {settings.gpus} / fsdp {settings.fsdp}: expected gpus >= 1, and "
                          f"fsdp only with gpus > 1 (it shards the model over them)")
     schedule = schedule_for(settings)
-    cache = cache_settings(settings)
+    cache = cache_choice(settings.cache, settings.cache_threshold, model, low_noise_model,
+                         clean.shape, first_frame is not None)
     fmt = model.latent_format
     group_run = None
     if settings.gpus > 1:  # refused here, before anything is allocated or started
@@ -175,14 +193,21 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     image_tokens = None if clip_tokens is None else clip_tokens.to(device, torch.float32)
     cond = cond.to(device, torch.float32)
     uncond = None if uncond is None else uncond.to(device, torch.float32)
-    cached = []  # the step caches of this run, one per model
+    cached = []  # EasyCache: the step caches of this run, one per model
+    blocks_cache = None  # TeaCache / MagCache: one for the run
+    if cache is not None and cache.method != "easycache":
+        high_noise_steps = None if low_noise_model is None else int(
+            (schedule.timesteps >= expert_boundary(settings.boundary, model) * 1000).sum())
+        blocks_cache = residual_cache(cache, schedule, cond, uncond, high_noise_steps)
 
     def model_fn(handle: WanModelHandle, scale: float):
         fn = _dit_fn(handle, dit_placement, y, image_tokens)
         if cache is None:
             return fn
-        cached.append(EasyCacheModel(fn, cache, settings.shift, cond=cond, uncond=uncond,
-                                     uses_uncond=scale != 1))
+        if blocks_cache is not None:
+            return blocks_cache.model(fn)
+        cached.append(EasyCacheModel(fn, cache.easycache, settings.shift, cond=cond,
+                                     uncond=uncond, uses_uncond=scale != 1))
         return cached[-1]
 
     with DevicePlacement(device) as placement, DiTPlacement(
@@ -214,21 +239,11 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
         del result
     if cached:
         skipped = sum(len(c.skipped) for c in cached)
-        _LOG.info("Wan Sampler: EasyCache (threshold %g) skipped %d of %d steps; the output is "
-                  "an approximation of the full run", cache.threshold, skipped, schedule.steps)
+        _LOG.info("Wan Sampler: %s skipped %d of %d steps; the output is an approximation of "
+                  "the full run", cache.describe(), skipped, schedule.steps)
+    if blocks_cache is not None:
+        _LOG.info("Wan Sampler: %s skipped the transformer blocks in %d of %d forwards over %d "
+                  "steps; the output is an approximation of the full run", cache.describe(),
+                  len(blocks_cache.skipped), blocks_cache.calls, schedule.steps)
     return {"samples": out}
 
-
-def cache_settings(settings: SamplerSettings) -> EasyCacheSettings | None:
-    """The run's step cache, or None; an unknown method or a negative threshold refused."""
-    if settings.cache not in CACHE_METHODS:
-        raise InputError(f"cache: {settings.cache!r} is not one of {list(CACHE_METHODS)}")
-    if settings.cache == "off":
-        return None
-    threshold = settings.cache_threshold
-    if threshold is None:
-        return EasyCacheSettings()
-    if threshold < 0:
-        raise InputError(f"cache_threshold: {threshold} is negative (-1 takes the method's "
-                         f"default)")
-    return EasyCacheSettings(threshold=threshold)

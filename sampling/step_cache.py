@@ -35,7 +35,10 @@ import torch
 from .guidance import ModelFn
 
 COND, UNCOND = "cond", "uncond"
-CACHE_METHODS = ("off", "easycache")
+# the sampler's cache values: EasyCache here; TeaCache (sampling/teacache.py; ret_steps: its
+# use_ret_steps variant) and MagCache (sampling/magcache.py) skip the DiT's blocks
+# (sampling/residual_cache.py)
+CACHE_METHODS = ("off", "easycache", "teacache", "teacache_ret_steps", "magcache")
 
 
 @dataclass(frozen=True)

@@ -572,8 +572,8 @@ def test_the_sampler_with_easycache_skips_steps_and_says_so(headless, caplog):
     assert bool(torch.isfinite(cached).all())
     with pytest.raises(NodeInputError, match="cache_threshold: -0.5 is negative"):
         run(cache="easycache", cache_threshold=-0.5)
-    with pytest.raises(NodeInputError, match="cache: 'teacache' is not one of"):
-        run(cache="teacache")
+    with pytest.raises(NodeInputError, match="cache: 'fastcache' is not one of"):
+        run(cache="fastcache")
     with pytest.raises(NodeInputError, match="cache: easycache runs on one GPU; with gpus 2"):
         run(cache="easycache", gpus=2)
 

@@ -82,6 +82,7 @@ class ResidualCache:
         if skip and residual is not None:
             self.skipped.append((self.step, branch))
             return tokens.add_(residual)
+        self.residuals.pop(branch, None)  # (let it go before the blocks' activations come)
         first = tokens.clone()  # the blocks update `tokens` in place
         out = run_blocks(tokens)
         self.residuals[branch] = first.neg_().add_(out)  # out - first, in first's memory

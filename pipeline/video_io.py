@@ -301,7 +301,9 @@ class _FrameConverter:
     pairs used in turn (frame k's pair is reused for frame k + 2)."""
 
     def __init__(self, frames: torch.Tensor, frame_ready=None):
-        self.frames = frames.detach()
+        # (an inference tensor has no graph to leave, and some PyTorch releases refuse to
+        # detach one outside inference mode)
+        self.frames = frames if frames.is_inference() else frames.detach()
         self.frame_ready = frame_ready
         shape = tuple(self.frames.shape[1:])
         self.work = [torch.empty(shape, dtype=torch.float32) for _ in range(2)]

@@ -60,6 +60,22 @@ def test_channels_last_decode_equals_the_ncdhw_decode(kind, batch):
     assert all(w.is_contiguous() for w in conv_weights(vae))
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_vae_loaded_in_inference_mode_decodes_channels_last_in_inference_mode(kind):
+    """As ComfyUI and our runner run nodes: the loader makes the weights in inference mode and
+    the decode, also in inference mode, reorders them (their views must stay usable)."""
+    with torch.inference_mode():
+        vae = build_vae(kind)
+        latent = torch.randn(1, vae.z_dim, 2, 6, 5, generator=torch.Generator().manual_seed(4))
+        reference = vae.decode(latent)
+        vae.decode_memory_format = CL
+        decoded = vae.decode(latent)
+        assert all(w.is_inference() for w in conv_weights(vae))
+        vae.decode_memory_format = None
+        assert torch.equal(vae.decode(latent), reference)
+    assert (decoded - reference).abs().max() <= 1e-5 * reference.abs().max()
+
+
 def channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=CL)
 

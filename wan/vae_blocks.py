@@ -433,7 +433,8 @@ def set_weight_layout(module: nn.Module, channels_last: bool) -> None:
         else:
             layout = torch.channels_last_3d if weight.dim() == 5 else torch.channels_last
         if not weight.is_contiguous(memory_format=layout):
-            # a normal tensor also when the decode runs in inference mode (as ComfyUI's nodes
-            # do), so the weights stay usable where autograd records
-            with torch.inference_mode(False), torch.no_grad():
+            # the same kind of tensor as the weight was made: a normal weight stays usable
+            # where autograd records, and an inference one (loaded by a node in inference mode)
+            # must not receive normal data, whose views PyTorch cannot version
+            with torch.inference_mode(weight.is_inference()), torch.no_grad():
                 weight.data = weight.data.contiguous(memory_format=layout)

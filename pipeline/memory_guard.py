@@ -97,14 +97,23 @@ def smallest_latent_bytes(size: VideoSize) -> int:
     return min(latent_bytes(size, vae) for vae in VAE_LATENTS)
 
 
-def sampling_bytes(config, vae: str, size: VideoSize, compute_itemsize: int = 2) -> int:
-    """Latent copies and one DiT forward's activations, on the compute device (see above)."""
+def _tokens(config, vae: str, size: VideoSize) -> int:
     _, stride = VAE_LATENTS[vae]
     _, patch_h, patch_w = config.patch_size
-    tokens = (size.latent_frames * (size.height // stride // patch_h)
-              * (size.width // stride // patch_w))
-    activations = size.batch * tokens * config.dim * (4 + 2 * compute_itemsize)
+    return (size.latent_frames * (size.height // stride // patch_h)
+            * (size.width // stride // patch_w))
+
+
+def sampling_bytes(config, vae: str, size: VideoSize, compute_itemsize: int = 2) -> int:
+    """Latent copies and one DiT forward's activations, on the compute device (see above)."""
+    activations = size.batch * _tokens(config, vae, size) * config.dim * (4 + 2 * compute_itemsize)
     return SAMPLING_LATENT_COPIES * latent_bytes(size, vae) + activations
+
+
+def block_cache_bytes(config, vae: str, size: VideoSize, branches: int) -> int:
+    """TeaCache / MagCache (sampling/residual_cache.py): the block stack's float32 residual kept
+    per guidance branch, and the one a full forward holds while it makes the next."""
+    return (branches + 1) * size.batch * _tokens(config, vae, size) * config.dim * 4
 
 
 # -- refusing ----------------------------------------------------------------------------------
@@ -201,9 +210,11 @@ def check_latent(size: VideoSize, vae: str, stride: int) -> None:
 
 
 def check_sampling(handle, latent_shape, device: torch.device, block_swap: int = 0,
-                   prefetch_blocks: int = 1) -> None:
+                   prefetch_blocks: int = 1, cache_branches: int = 0) -> None:
     """Sampling `handle`'s model over a latent of `latent_shape` on `device`: the latent copies,
-    one forward's activations and, on a GPU, the weights still to be placed there."""
+    one forward's activations, the residuals of a block-skipping step cache over
+    `cache_branches` guidance branches (0: none) and, on a GPU, the weights still to be placed
+    there."""
     from .. import host
 
     device = torch.device(device)
@@ -211,18 +222,19 @@ def check_sampling(handle, latent_shape, device: torch.device, block_swap: int =
     weights = _weights_to_place(handle.model, device, block_swap, prefetch_blocks)
 
     def needed(s: VideoSize) -> int:
-        return _activation_bytes(handle, s) + weights
+        return _activation_bytes(handle, s, cache_branches) + weights
 
     if device.type == "cuda":
         host.make_room(needed(size), device)  # the host's own models make way first
     available, have = free_memory(device)
     what = (f"sampling {handle.name} (latent copies, one forward's activations"
+            f"{', the step cache residuals' if cache_branches else ''}"
             f"{' and the weights to place' if weights else ''})")
     check_fits(what, size, handle.spatial_stride, needed, available, have)
 
 
 def fitting_block_swap(handle, latent_shape, device: torch.device,
-                       prefetch_blocks: int = 1) -> int:
+                       prefetch_blocks: int = 1, cache_branches: int = 0) -> int:
     """The fewest DiT blocks to stream from CPU memory (block swap) for sampling `handle`'s
     model over `latent_shape` to fit what `device` has free once the host has made room for
     the whole model: 0 when it fits resident (and on a CPU); every block when nothing less fits
@@ -233,7 +245,8 @@ def fitting_block_swap(handle, latent_shape, device: torch.device,
     if device.type != "cuda":
         return 0
     blocks = len(getattr(handle.model, "blocks", []))
-    activations = _activation_bytes(handle, size_of_latent(latent_shape, handle.vae_kind))
+    activations = _activation_bytes(handle, size_of_latent(latent_shape, handle.vae_kind),
+                                    cache_branches)
 
     def needed(swapped: int) -> int:
         return activations + _weights_to_place(handle.model, device, swapped, prefetch_blocks)
@@ -243,11 +256,13 @@ def fitting_block_swap(handle, latent_shape, device: torch.device,
     return next((n for n in range(blocks + 1) if needed(n) <= available), blocks)
 
 
-def _activation_bytes(handle, size: VideoSize) -> int:
+def _activation_bytes(handle, size: VideoSize, cache_branches: int = 0) -> int:
     """The latent copies and one forward's activations of `handle`'s model in its compute
-    dtype (sampling_bytes)."""
+    dtype (sampling_bytes), and a block-skipping step cache's residuals (block_cache_bytes)."""
     itemsize = getattr(handle.model, "compute_dtype", torch.bfloat16).itemsize
-    return sampling_bytes(handle.config, handle.vae_kind, size, itemsize)
+    cached = block_cache_bytes(handle.config, handle.vae_kind, size, cache_branches) \
+        if cache_branches else 0
+    return sampling_bytes(handle.config, handle.vae_kind, size, itemsize) + cached
 
 
 def _weights_to_place(model, device, block_swap, prefetch_blocks) -> int:

@@ -65,12 +65,12 @@ class SamplerSettings:
 
 
 def _fitting_block_swap(model: WanModelHandle, latent_shape, device: torch.device,
-                        prefetch_blocks: int) -> int:
+                        prefetch_blocks: int, cache_branches: int = 0) -> int:
     """memory_guard.fitting_block_swap, said once in the log (an A14B pair's experts have one
     shape, so the high-noise expert's count serves both)."""
     from .memory_guard import fitting_block_swap
 
-    count = fitting_block_swap(model, latent_shape, device, prefetch_blocks)
+    count = fitting_block_swap(model, latent_shape, device, prefetch_blocks, cache_branches)
     blocks = len(getattr(model.model, "blocks", []))
     _LOG.info("Wan Sampler: block_swap %d: %s of %s's %d blocks stream from CPU memory",
               BLOCK_SWAP_FIT, count, model.name, blocks)
@@ -169,10 +169,14 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
             from ..distributed.group import shutdown_worker_group
             shutdown_worker_group()
         from .memory_guard import check_sampling  # before the first latent-sized allocation
+        # TeaCache / MagCache keep the block stack's residual of each guidance branch
+        branches = 0 if cache is None or cache.method == "easycache" else \
+            (1 if uncond is None else 2)
         if settings.block_swap == BLOCK_SWAP_FIT:
             settings = replace(settings, block_swap=_fitting_block_swap(
-                model, clean.shape, device, settings.prefetch_blocks))
-        check_sampling(model, clean.shape, device, settings.block_swap, settings.prefetch_blocks)
+                model, clean.shape, device, settings.prefetch_blocks, branches))
+        check_sampling(model, clean.shape, device, settings.block_swap, settings.prefetch_blocks,
+                       branches)
 
     noise = noise_for(latent, clean.shape, settings.seed)
     if settings.denoise < 1:

@@ -196,3 +196,39 @@ def test_models_without_a_published_table_are_refused_by_name(node_inputs, monke
         run_node(model, pos, neg, latent, cache="magcache", cache_threshold=-0.5)
     with pytest.raises(NodeInputError, match="cache: magcache runs on one GPU; with gpus 2"):
         run_node(model, pos, neg, latent, cache="magcache", gpus=2)
+
+
+def test_the_memory_guard_counts_the_residuals_the_cache_holds(dit):
+    """block_cache_bytes: the residual each guidance branch keeps (what the cache holds after a
+    run), and one more for the full pass that makes the next."""
+    from wan_enhanced.pipeline import memory_guard as guard
+
+    _, _, cache = sample(dit, magcache(0.0))
+    held = sum(r.numel() * r.element_size() for r in cache.residuals.values())
+    assert len(cache.residuals) == 2 and held > 0
+    noise, _, _ = inputs()
+    size = guard.size_of_latent(noise.shape, "vae21")
+    assert guard.block_cache_bytes(dit.config, "vae21", size, 2) == held * 3 // 2
+    assert guard.block_cache_bytes(dit.config, "vae21", size, 1) == held
+
+
+def test_sampling_with_a_block_cache_is_refused_where_only_the_plain_run_fits(monkeypatch):
+    """check_sampling adds the residuals: a device that holds the plain run exactly refuses the
+    cached one, naming the step cache."""
+    import types
+
+    from wan_enhanced.pipeline import memory_guard as guard
+    from wan_enhanced.wan.configs import KNOWN_DITS
+
+    config = KNOWN_DITS["wan2.1-t2v-1.3b"].config
+    model = torch.nn.Linear(2, 2)
+    model.compute_dtype = torch.bfloat16
+    handle = types.SimpleNamespace(model=model, config=config, vae_kind="vae21",
+                                   name="a.safetensors", spatial_stride=16)
+    shape = (1, 16, 21, 60, 104)
+    size = guard.size_of_latent(shape, "vae21")
+    plain = guard.sampling_bytes(config, "vae21", size, 2)
+    monkeypatch.setattr(guard, "free_memory", lambda device: (plain, "this CPU"))
+    guard.check_sampling(handle, shape, torch.device("cpu"))
+    with pytest.raises(Exception, match="step cache residuals"):
+        guard.check_sampling(handle, shape, torch.device("cpu"), cache_branches=2)

@@ -27,9 +27,22 @@ def models(ti2v_models):
     return ti2v_models
 
 
-@pytest.fixture
-def sweep(tmp_path, models):
+def decode_and_save_in_one(workflow: dict) -> dict:
+    """The workflow with its Wan Tiled Decode and Wan Save Video as one Wan Decode and Save
+    Video node (the decode's id)."""
+    (decode,) = [k for k, v in workflow.items() if v["class_type"] == "WanEnhancedTiledDecode"]
+    (save,) = [k for k, v in workflow.items() if v["class_type"] == "WanEnhancedSaveVideo"]
+    inputs = {k: v for k, v in workflow.pop(save)["inputs"].items() if k != "images"}
+    workflow[decode] = {"class_type": "WanEnhancedDecodeSaveVideo",
+                        "inputs": {**workflow[decode]["inputs"], **inputs}}
+    return workflow
+
+
+@pytest.fixture(params=["two nodes", "one node"])
+def sweep(request, tmp_path, models):
     workflow = json.loads(WORKFLOW.read_text())
+    if request.param == "one node":
+        workflow = decode_and_save_in_one(workflow)
     workflow["1"]["inputs"].update(model_name=DIT, weight_dtype="fp32")
     workflow["2"]["inputs"].update(text_encoder_name=TE, dtype="fp32", device="cpu")
     workflow["3"]["inputs"].update(vae_name=VAE, dtype="fp32")
@@ -97,8 +110,10 @@ def test_video_written_before_a_kill_is_recorded_not_written_again(sweep, tmp_pa
 KILLED_WHILE_ENCODING = """
 import os, sys
 from wan_enhanced.nodes import video
+from wan_enhanced.pipeline import decode_video
 from wan_enhanced.runner import cli
-video.save_mp4 = lambda *args, **kwargs: os._exit(9)  # kill -9 in the middle of the encode
+# kill -9 in the middle of the encode (after the decode, or while it goes on)
+video.save_mp4 = decode_video.save_mp4 = lambda *args, **kwargs: os._exit(9)
 sys.exit(cli.main(sys.argv[1:]))
 """
 

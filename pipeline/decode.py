@@ -132,9 +132,8 @@ FREE_MEMORY_MARGIN = 0.9
 
 
 def free_device_bytes(device: torch.device) -> int | None:
-    """What the device has free, less a margin; None (no limit: untiled) on the CPU."""
+    """What the device has free (memory_guard.free_bytes: within the process's cap), less a
+    margin; None (no limit: untiled) on the CPU."""
     if device.type != "cuda":
         return None
-    free, _total = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return int(FREE_MEMORY_MARGIN * (free + cached))
+    return int(FREE_MEMORY_MARGIN * guard.free_bytes(device))

@@ -57,21 +57,40 @@ class VideoSize:
 
 def free_bytes(device: torch.device | str) -> int:
     """Memory a new allocation can take now: on a GPU what the driver has free plus what torch
-    holds unused in its cache; on the CPU what the system reports available."""
+    holds unused in its cache, within this process's cap if one is set
+    (torch.cuda.set_per_process_memory_fraction: the allocator refuses past it); on the CPU what
+    the system reports available."""
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+        allocated = torch.cuda.memory_allocated(device)
+        available = free + torch.cuda.memory_reserved(device) - allocated
+        cap = process_cap_bytes(device)
+        if cap is not None:
+            available = min(available, cap - allocated)
+        return max(0, int(available))
     import psutil
     return int(psutil.virtual_memory().available)
 
 
 def total_bytes(device: torch.device | str) -> int:
+    """What the device holds: on a GPU its memory, or this process's cap if one is set."""
     device = torch.device(device)
     if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
+        cap = process_cap_bytes(device)
+        return cap if cap is not None else \
+            int(torch.cuda.get_device_properties(device).total_memory)
     import psutil
     return int(psutil.virtual_memory().total)
+
+
+def process_cap_bytes(device: torch.device) -> int | None:
+    """The most this process may allocate on CUDA `device` when a memory fraction below 1 is set
+    for it (torch.cuda.set_per_process_memory_fraction), else None."""
+    fraction = torch.cuda.get_per_process_memory_fraction(device)
+    if fraction >= 1.0:
+        return None
+    return int(fraction * torch.cuda.get_device_properties(device).total_memory)
 
 
 def describe_device(device: torch.device | str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import host
+from .memory_guard import free_bytes
 
 # free device memory needed: a 14B feed-forward matrix in float32 with its codes, several times
 NEEDED_FREE_BYTES = 2 * 2 ** 30
@@ -24,5 +25,4 @@ def merge_work_device() -> torch.device | None:
     device = host.compute_device()
     if device.type != "cuda":
         return None
-    free, _ = torch.cuda.mem_get_info(device)
-    return device if free >= NEEDED_FREE_BYTES else None
+    return device if free_bytes(device) >= NEEDED_FREE_BYTES else None

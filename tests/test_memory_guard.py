@@ -4,6 +4,7 @@ stage allocates, with the estimate, what there is, and the largest size that fit
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,48 @@ def test_the_sampler_takes_block_swap_fit_and_refuses_less(headless):
     assert torch.equal(fit["samples"], none["samples"])  # on a CPU nothing is swapped
     with pytest.raises(NodeInputError, match="block_swap -2 .*-1: as few as fit"):
         sampler.run(model, rows, rows, latent, 1, 2, 4.0, 5.0, "unipc", 1.0, block_swap=-2)
+
+
+@pytest.fixture
+def capped_gpu(monkeypatch):
+    """A stand-in 80 GiB CUDA device with 70 GiB free to the driver, of which this process has
+    reserved 4 GiB and allocated 3 GiB, and a per-process fraction (set by the test)."""
+    gib_ = 1 << 30
+    state = {"fraction": 1.0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * gib_, 80 * gib_))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 4 * gib_)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 3 * gib_)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction",
+                        lambda device=None: state["fraction"])
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(total_memory=80 * gib_))
+    return state
+
+
+def test_free_memory_honours_a_per_process_memory_cap(capped_gpu):
+    """torch.cuda.set_per_process_memory_fraction (an 8 GiB card on a big one): the allocator
+    refuses past fraction x total, so what is free is the cap less what is allocated, however
+    much the driver has free; every automatic choice reads it from here."""
+    from wan_enhanced.pipeline.decode import FREE_MEMORY_MARGIN, free_device_bytes
+
+    gib_ = 1 << 30
+    cuda = torch.device("cuda")
+    assert guard.free_bytes(cuda) == 71 * gib_  # driver's free + unused cache
+    assert guard.total_bytes(cuda) == 80 * gib_
+    capped_gpu["fraction"] = 0.1  # 8 GiB
+    assert guard.free_bytes(cuda) == 5 * gib_
+    assert guard.total_bytes(cuda) == 8 * gib_
+    assert free_device_bytes(cuda) == int(FREE_MEMORY_MARGIN * 5 * gib_)
+    capped_gpu["fraction"] = 0.03  # below what is allocated already: nothing
+    assert guard.free_bytes(cuda) == 0
+
+
+def test_the_lora_merge_leaves_a_capped_gpu_that_cannot_hold_it(capped_gpu, monkeypatch):
+    from wan_enhanced.pipeline import work_device
+
+    monkeypatch.setattr(host, "compute_device", lambda: torch.device("cuda"))
+    capped_gpu["fraction"] = 0.1  # 5 GiB free under the cap
+    assert work_device.merge_work_device() == torch.device("cuda")
+    capped_gpu["fraction"] = 0.05  # 4 GiB cap, 3 allocated: 1 GiB, less than a merge needs
+    assert guard.free_bytes(torch.device("cuda")) < work_device.NEEDED_FREE_BYTES
+    assert work_device.merge_work_device() is None

@@ -37,12 +37,13 @@ class WanSampler:
             "cfg_low_noise": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 100.0,
                                         "step": 0.1, "tooltip": "A14B: guidance of the "
                                         "low-noise expert; -1 uses cfg"}),
-            "block_swap": ("INT", {"default": 0, "min": -1, "max": 64, "tooltip":
+            "block_swap": ("INT", {"default": -1, "min": -1, "max": 64, "tooltip":
                                    "transformer blocks kept in pinned CPU memory and streamed "
                                    "to the GPU while the model runs (a side stream copies the "
                                    "next block as one computes): less VRAM, more host RAM "
                                    "traffic; a number above the model's block count swaps all; "
-                                   "-1: as few as let the run fit the GPU's free memory"}),
+                                   "-1 (default): as few as let the run fit the GPU's free "
+                                   "memory, none where the model fits"}),
             "prefetch_blocks": ("INT", {"default": 1, "min": 1, "max": 8, "tooltip":
                                         "block swap: blocks copied ahead of the one computing "
                                         "(each holds one block's weights on the GPU)"}),
@@ -86,7 +87,7 @@ class WanSampler:
         return verdict([*problems, gpus_problem(gpus)])
 
     def run(self, model, positive, negative, latent, seed, steps, cfg, shift, scheduler,
-            denoise, low_noise_model=None, boundary=-1.0, cfg_low_noise=-1.0, block_swap=0,
+            denoise, low_noise_model=None, boundary=-1.0, cfg_low_noise=-1.0, block_swap=-1,
             prefetch_blocks=1, gpus=1, fsdp=False, cache="off", cache_threshold=-1.0,
             unique_id=None):
         settings = SamplerSettings(seed=seed, steps=steps, cfg=cfg, shift=shift,

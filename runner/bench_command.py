@@ -101,7 +101,28 @@ def add_parser(subparsers) -> None:
                         "set: the row of the accelerated run gets the distance of its latent "
                         "and its video to the full run's (on random weights a mechanical "
                         "check; how the output looks on real weights is the user's to judge)")
+    p.add_argument("--memory-cap", type=float, metavar="GIB",
+                   help="let this process allocate at most GIB GiB of the GPU "
+                        "(torch.cuda.set_per_process_memory_fraction), as a card of that size "
+                        "would: block_swap -1 and the decode's budget 0 choose from the cap; "
+                        "the rows record it")
     p.set_defaults(func=run)
+
+
+def apply_memory_cap(gib: float | None) -> str | None:
+    """Caps this process's allocations on the compute GPU at `gib` GiB; the problem in words
+    if it cannot (no CUDA device, a cap not above 0 or above the device's memory)."""
+    if gib is None:
+        return None
+    device = host.compute_device()
+    if device.type != "cuda":
+        return f"--memory-cap {gib:g}: it caps a CUDA device's memory and this run has none"
+    total = torch.cuda.get_device_properties(device).total_memory
+    if not 0 < gib * 2 ** 30 <= total:
+        return (f"--memory-cap {gib:g}: expected more than 0 and at most the device's "
+                f"{total / 2 ** 30:.1f} GiB")
+    torch.cuda.set_per_process_memory_fraction(gib * 2 ** 30 / total, device)
+    return None
 
 
 def _gpu_counts(text: str) -> list[int]:
@@ -124,6 +145,10 @@ def run(args) -> int:
     if problem:  # before a model set is written or a scenario runs
         print(f"error: --{problem}", file=sys.stderr)
         return 2
+    problem = apply_memory_cap(args.memory_cap)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -136,6 +161,8 @@ def run(args) -> int:
                                         fsdp=args.fsdp and gpus > 1, warm=args.warm,
                                         accuracy=args.accuracy):
                     add_speedup(row, rows)
+                    if args.memory_cap is not None:
+                        row["memory_cap_gib"] = args.memory_cap
                     rows.append(row)
                     print(format_row(row), flush=True)
                     if row["status"] == "interrupted":
@@ -405,6 +432,9 @@ def results_markdown(rows: list[dict]) -> str:
         cells[COLUMNS.index("gpus")] = f"{gpus}{' fsdp' if row.get('fsdp') else ''}"
         lines.append("| " + " | ".join(cells) + " |")
     device = rows[0]["device"] if rows else "?"
+    cap = rows[0].get("memory_cap_gib") if rows else None
+    if cap is not None:
+        device += f", this process capped at {cap:g} GiB of it"
     return (f"device: {device}\n\n" + "\n".join(lines) + "\n\nSeconds by phase:\n\n"
             + phases_markdown(rows) + accuracy_markdown(rows))
 

@@ -3,6 +3,8 @@ the numbers it derives from the event log."""
 
 import json
 
+import torch
+
 from wan_enhanced.runner.bench_command import results_markdown, seconds_per_step
 from wan_enhanced.runner.cli import main
 
@@ -189,3 +191,29 @@ def test_accuracy_runs_the_scenario_in_full_first_and_measures_the_distance(tmp_
     assert main(["bench", *common, "--out", str(same)]) == 0
     rows = json.loads(next(same.glob("bench-*.json")).read_text())
     assert rows[1]["accuracy"] == {"latent_max_rel": 0.0, "video_psnr_db": float("inf")}
+
+
+def test_memory_cap_caps_the_gpu_or_is_refused_by_name(monkeypatch, capsys, tmp_path):
+    """--memory-cap GIB: the process's allocations on the compute GPU capped at GIB (the fraction
+    of the device's memory PyTorch's allocator enforces); refused before anything runs without
+    a GPU or with a cap the device cannot hold."""
+    import types
+
+    from wan_enhanced import host
+    from wan_enhanced.runner import bench_command
+
+    assert main(["bench", "--tiny", "--memory-cap", "8", "--out", str(tmp_path)]) == 2
+    assert "--memory-cap 8: it caps a CUDA device's memory" in capsys.readouterr().err
+    assert not list(tmp_path.glob("bench-*"))
+
+    set_to = []
+    monkeypatch.setattr(host, "compute_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(total_memory=80 << 30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device=None: set_to.append((fraction, device)))
+    assert bench_command.apply_memory_cap(8) is None
+    assert set_to == [(0.1, torch.device("cuda", 0))]
+    assert "at most the device's 80.0 GiB" in bench_command.apply_memory_cap(81)
+    assert "more than 0" in bench_command.apply_memory_cap(0)
+    assert bench_command.apply_memory_cap(None) is None and len(set_to) == 1

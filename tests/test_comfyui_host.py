@@ -254,7 +254,8 @@ def test_every_workflow_runs_through_prompt_to_a_decodable_video(server, tmp_pat
     workflow = small(json.loads(path.read_text()))
     result = Client(url, timeout=120).run(workflow, tmp_path / "downloads")
     videos = [Path(f) for f in result.files if f.endswith(".mp4")]
-    savers = [n for n in workflow.values() if n["class_type"] == "WanEnhancedSaveVideo"]
+    savers = [n for n in workflow.values()
+              if n["class_type"] in ("WanEnhancedSaveVideo", "WanEnhancedDecodeSaveVideo")]
     assert result.status == "success" and len(videos) == len(savers) >= 1
     for video in videos:
         frames, _ = read_mp4(video)

@@ -212,3 +212,25 @@ def guided(cond: torch.Tensor, uncond: torch.Tensor | None, cfg: float) -> torch
     if cfg == 1:
         return cond
     return uncond + float(cfg) * (cond - uncond)
+
+
+def reference_run(model_for_step, tensors: dict, ran: list, cfg: float, steps: int,
+                  shift: float) -> tuple[torch.Tensor, list[list[int]]]:
+    """A guided Euler run of the reference models (model_for_step(step): the one for that step),
+    both branches every step as the reference scripts run them: the final sample, and the
+    [step, branch] of every call that ran no block (`ran` gets an entry per first-block run)."""
+    skipped = []
+
+    def step_velocity(x, step, t):
+        model = model_for_step(step)
+        outs = []
+        for branch, context in enumerate((tensors["cond"], tensors["uncond"])):
+            before = len(ran)
+            outs.append(reference_call(model, x, t, context))
+            if len(ran) == before:
+                skipped.append([step, branch])
+        return guided(outs[0], outs[1], cfg)
+
+    with torch.no_grad():
+        final = euler_run(step_velocity, tensors["x0"], shifted_sigmas(steps, shift))
+    return final, skipped

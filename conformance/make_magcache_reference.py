@@ -35,9 +35,8 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
-from .cache_reference import (StandIn, euler_run, git_source, guided, inputs, load_function,
-                              reference_call, reference_globals, run_statements, shifted_sigmas,
-                              statements)
+from .cache_reference import (StandIn, git_source, inputs, load_function, reference_globals,
+                              reference_run, run_statements, statements)
 
 SOURCES = {"wan2.1": "MagCache4Wan2.1/magcache_generate.py",
            "wan2.2": "MagCache4Wan2.2/magcache_generate.py"}
@@ -120,20 +119,9 @@ def run_reference(sources: dict, run: tuple) -> tuple[dict, torch.Tensor]:
     for model in models:
         model.blocks[0].register_forward_hook(lambda *_: ran.append(1))
     ratios = [float(r) for r in type(models[0]).mag_ratios]
-    skipped = []
-
-    def step_velocity(x, step, t):
-        model = models[0] if split is None or step < split else models[-1]
-        outs = []
-        for branch, context in enumerate((tensors["cond"], tensors["uncond"])):
-            before = len(ran)
-            outs.append(reference_call(model, x, t, context))
-            if len(ran) == before:
-                skipped.append([step, branch])
-        return guided(outs[0], outs[1], cfg)
-
-    with torch.no_grad():
-        final = euler_run(step_velocity, tensors["x0"], shifted_sigmas(steps, shift))
+    final, skipped = reference_run(
+        lambda step: models[0] if split is None or step < split else models[-1], tensors, ran,
+        cfg, steps, shift)
     record = {"name": name, "table": table, "cfg": cfg, "threshold": threshold, "K": k,
               "retention_ratio": retention, "steps": steps, "shift": shift, "seed": seed,
               "high_noise_steps": split, "ratios": ratios, "skipped": skipped}

@@ -27,9 +27,8 @@ from pathlib import Path
 
 import torch
 
-from .cache_reference import (StandIn, euler_run, git_source, guided, inputs, load_function,
-                              reference_call, reference_globals, run_statements, shifted_sigmas,
-                              statements)
+from .cache_reference import (StandIn, git_source, inputs, load_function, reference_globals,
+                              reference_run, run_statements, statements)
 
 SOURCE = "TeaCache4Wan2.1/teacache_generate.py"
 # table key -> (the reference's pipeline variable, a checkpoint folder name that picks it)
@@ -84,19 +83,7 @@ def run_reference(source: str, run: tuple) -> tuple[dict, torch.Tensor]:
     model = reference_model(source, table, use_ret_steps, threshold, steps, seed)
     tensors = inputs(seed)
     ran = block_calls(model)
-    skipped = []
-
-    def step_velocity(x, step, t):
-        outs = []
-        for branch, context in enumerate((tensors["cond"], tensors["uncond"])):
-            before = len(ran)
-            outs.append(reference_call(model, x, t, context))
-            if len(ran) == before:
-                skipped.append([step, branch])
-        return guided(outs[0], outs[1], cfg)
-
-    with torch.no_grad():
-        final = euler_run(step_velocity, tensors["x0"], shifted_sigmas(steps, shift))
+    final, skipped = reference_run(lambda step: model, tensors, ran, cfg, steps, shift)
     record = {"name": name, "table": table, "use_ret_steps": use_ret_steps, "cfg": cfg,
               "threshold": threshold, "steps": steps, "shift": shift, "seed": seed,
               "coefficients": [float(c) for c in type(model).coefficients],

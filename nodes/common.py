@@ -64,3 +64,17 @@ def memory_event(label: str, stage: str, node_id=None, **extra) -> None:
     from ..profiling.events import record_event
 
     record_event(label, stage=stage, node=str(node_id or ""), extra=extra or None)
+
+
+def progress_bar(display: str):
+    """progress(done, total) driving the host's progress bar for node `display`, the bar made at
+    the first call (when the total is known)."""
+    from .. import host
+
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        bar = bar or host.Progress(total, display)
+        bar.update_to(done)
+    return progress

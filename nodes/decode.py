@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from .. import host
 from ..pipeline.decode import decode
 from .checks import constant_problems, verdict
-from .common import CATEGORY, memory_event, node_errors
+from .common import CATEGORY, memory_event, node_errors, progress_bar
 
 
 class WanTiledDecode:
@@ -53,16 +52,9 @@ class WanTiledDecode:
     def run(self, vae, latent, tile_x, tile_y, stride_x, stride_y, mode, vram_budget_gb=3.0,
             overlap=64, unique_id=None):
         memory_event("decode starts", "decode", unique_id)
-        bar = None
-
-        def progress(done: int, total: int) -> None:
-            nonlocal bar
-            bar = bar or host.Progress(total, self.DISPLAY)
-            bar.update_to(done)
-
         with node_errors(self.DISPLAY):
             images = decode(vae, latent, mode=mode, tile=(tile_x, tile_y),
                             stride=(stride_x, stride_y), budget_gb=vram_budget_gb,
-                            overlap=overlap, progress=progress)
+                            overlap=overlap, progress=progress_bar(self.DISPLAY))
         memory_event("decode done", "decode", unique_id)
         return (images,)

@@ -6,9 +6,9 @@ from .. import host
 from ..pipeline.decode import check_latent_for_vae
 from ..pipeline.decode_video import decode_and_save
 from ..pipeline.video_io import claim_output_path, expand_filename_variables
-from .common import CATEGORY, memory_event, node_errors
+from .common import CATEGORY, memory_event, node_errors, progress_bar
 from .decode import WanTiledDecode
-from .video import WanSaveVideo
+from .video import WanSaveVideo, saved_video_ui
 
 
 class WanDecodeSaveVideo:
@@ -44,13 +44,6 @@ class WanDecodeSaveVideo:
             crf, vram_budget_gb=3.0, overlap=64, unique_id=None):
         root = host.output_directory()
         memory_event("decode starts", "decode", unique_id)
-        bar = None
-
-        def progress(done: int, total: int) -> None:
-            nonlocal bar
-            bar = bar or host.Progress(total, self.DISPLAY)
-            bar.update_to(done)
-
         with node_errors(self.DISPLAY):
             samples = check_latent_for_vae(vae, latent)
             height, width = (side * vae.model.spatial_stride for side in samples.shape[-2:])
@@ -62,12 +55,10 @@ class WanDecodeSaveVideo:
                 images = decode_and_save(
                     vae, latent, path, fps=fps, crf=crf, tag=claimed.token, mode=mode,
                     tile=(tile_x, tile_y), stride=(stride_x, stride_y),
-                    budget_gb=vram_budget_gb, overlap=overlap, progress=progress,
+                    budget_gb=vram_budget_gb, overlap=overlap,
+                    progress=progress_bar(self.DISPLAY),
                     decoded=lambda: memory_event("decode done", "decode", unique_id))
             finally:
                 claimed.release()
         memory_event(f"saved {path.name}", "save", unique_id)
-        relative = path.relative_to(root)
-        entry = {"filename": relative.name, "subfolder": relative.parent.as_posix()
-                 if relative.parent.as_posix() != "." else "", "type": "output"}
-        return {"ui": {"images": [entry], "animated": (True,)}, "result": (images,)}
+        return {"ui": saved_video_ui(root, path), "result": (images,)}

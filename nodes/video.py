@@ -52,7 +52,12 @@ class WanSaveVideo:
             finally:
                 claimed.release()
         memory_event(f"saved {path.name}", "save", unique_id)
-        relative = path.relative_to(root)
-        entry = {"filename": relative.name, "subfolder": relative.parent.as_posix()
-                 if relative.parent.as_posix() != "." else "", "type": "output"}
-        return {"ui": {"images": [entry], "animated": (True,)}}
+        return {"ui": saved_video_ui(root, path)}
+
+
+def saved_video_ui(root, path) -> dict:
+    """What ComfyUI's editor shows of a video written to `path` inside the output folder."""
+    relative = path.relative_to(root)
+    entry = {"filename": relative.name, "subfolder": relative.parent.as_posix()
+             if relative.parent.as_posix() != "." else "", "type": "output"}
+    return {"images": [entry], "animated": (True,)}

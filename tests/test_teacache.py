@@ -16,6 +16,8 @@ from wan_enhanced.sampling.guidance import CfgConditioning, guided_velocity
 from wan_enhanced.sampling.residual_cache import ResidualCache
 from wan_enhanced.sampling.teacache import COEFFICIENTS, TeaCache, TeaCacheSettings, polynomial
 
+from cache_replay import assert_reference_decisions
+
 DATA = Path(__file__).parent / "data" / "teacache"
 REFERENCE = json.loads((DATA / "reference.json").read_text())
 FINALS = load_file(str(DATA / "reference.safetensors"))
@@ -47,11 +49,7 @@ def replay(run: dict, threshold: float | None = None, cache: bool = True):
 @pytest.mark.parametrize("run", REFERENCE["runs"], ids=lambda r: r["name"])
 def test_our_decisions_and_samples_equal_the_references(run):
     final, skipped, blocks_ran = replay(run)
-    # cfg 1: we make the conditional calls only; the reference's conditional decisions stand
-    expected = [s for s in run["skipped"] if run["cfg"] != 1 or s[1] == 0]
-    assert skipped == expected and len(expected) > 0
-    calls = run["steps"] * (1 if run["cfg"] == 1 else 2)
-    assert blocks_ran == calls - len(skipped)  # a skipped call runs no block
+    assert_reference_decisions(run, skipped, blocks_ran)
     torch.testing.assert_close(final, FINALS[f"{run['name']}.final"], rtol=1e-6, atol=1e-6)
     assert list(COEFFICIENTS[run["table"]][run["use_ret_steps"]]) == run["coefficients"]
 

@@ -121,6 +121,19 @@ def make_room(bytes_needed: int, device: torch.device) -> None:
     release_cached_memory()
 
 
+def make_room_for_pinned(bytes_needed: int) -> None:
+    """Before this many bytes of host memory are pinned (block swap's packed blocks): a host
+    that manages a pinned-memory budget (ComfyUI 0.30's ensure_pin_budget) lets go of its own
+    pins if the system's memory would not hold both. Nothing where the host has no such
+    budget."""
+    if bytes_needed <= 0:
+        return
+    mm = _comfy("comfy.model_management")
+    ensure = getattr(mm, "ensure_pin_budget", None) if mm is not None else None
+    if ensure is not None:
+        ensure(bytes_needed)
+
+
 def unload_host_models() -> None:
     mm = _comfy("comfy.model_management")
     if mm is not None:

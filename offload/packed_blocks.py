@@ -97,6 +97,18 @@ def _existing_pack(tensors: list[torch.Tensor], layout: BlockLayout,
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (layout.total,), (1,))
 
 
+def bytes_to_pin(blocks: list[nn.Module]) -> int:
+    """What packing `blocks` for a GPU would pin anew: the blocks not packed into pinned memory
+    by an earlier pack."""
+    total = 0
+    for block in blocks:
+        tensors = block_tensors(block)
+        layout = BlockLayout.of(tensors)
+        if _existing_pack(tensors, layout, pinned=True) is None:
+            total += layout.total
+    return total
+
+
 def pack_block(block: nn.Module, pinned: bool) -> PackedBlock:
     """Pack `block`'s CPU tensors into one buffer (pinned when `pinned`), or find the pack an
     earlier call made. Every tensor must be on the CPU."""

@@ -19,6 +19,7 @@ import torch
 from .. import host
 from ..lora.apply import bring_to
 from ..offload.block_swap import BlockSwap
+from ..offload.packed_blocks import bytes_to_pin
 from .handles import WanModelHandle
 from .placement import DevicePlacement, tensor_bytes
 from .work_device import merge_work_device
@@ -56,6 +57,8 @@ class DiTPlacement:
             # (on a CPU run this streams host memory to host memory: no saving, same numbers)
             host.make_room(tensor_bytes(swapped[0]) * min(self.slots, count),
                            self.placement.device)
+            if self.placement.device.type == "cuda":  # the swapped blocks are packed pinned
+                host.make_room_for_pinned(bytes_to_pin(swapped))
             self.engine = BlockSwap(blocks, range(count), self.placement.device, self.slots)
         self.handle = handle
 

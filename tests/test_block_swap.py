@@ -190,3 +190,35 @@ def test_compiled_blocks_read_the_slot_weights():
     # every video size, timestep form and weight format is a graph of its own: room for many
     config = torch._dynamo.config
     assert getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 0)) >= 64
+
+
+def test_pinning_asks_the_host_to_make_room_for_what_it_pins_anew(monkeypatch):
+    """A host with a pinned-memory budget (ComfyUI 0.30's ensure_pin_budget) is asked, before
+    block swap packs its blocks into pinned memory, for the bytes not pinned already; a host
+    without one (0.3.64, headless) is not asked."""
+    import types
+
+    from wan_enhanced import host
+    from wan_enhanced.offload.packed_blocks import BlockLayout, bytes_to_pin
+
+    model = WanDiT(TINY_DIT["t2v"])
+    blocks = list(model.blocks[:2])
+    sizes = [BlockLayout.of(block_tensors(b)).total for b in blocks]
+    assert bytes_to_pin(blocks) == sum(sizes)
+    pack_block(blocks[0], pinned=False)  # packed, not pinned: still to pin
+    assert bytes_to_pin(blocks) == sum(sizes)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: True)
+    assert bytes_to_pin(blocks) == sizes[1]  # the first is packed in pinned memory now
+
+    asked = []
+    mm = types.SimpleNamespace(ensure_pin_budget=lambda size: asked.append(size))
+    monkeypatch.setattr(host, "_comfy", lambda name: mm if name == "comfy.model_management"
+                        else None)
+    host.make_room_for_pinned(sizes[1])
+    host.make_room_for_pinned(0)
+    assert asked == [sizes[1]]
+    monkeypatch.setattr(host, "_comfy", lambda name: types.SimpleNamespace())  # 0.3.64
+    host.make_room_for_pinned(sizes[1])
+    monkeypatch.setattr(host, "_comfy", lambda name: None)  # headless
+    host.make_room_for_pinned(sizes[1])
+    assert asked == [sizes[1]]

@@ -234,3 +234,28 @@ def reference_run(model_for_step, tensors: dict, ran: list, cfg: float, steps: i
     with torch.no_grad():
         final = euler_run(step_velocity, tensors["x0"], shifted_sigmas(steps, shift))
     return final, skipped
+
+
+def mirror_and_out(doc: str, argv=None):
+    """The reference scripts' arguments: --mirror (a bare git mirror of the reference
+    repository) and --out (the folder the data goes to)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--mirror", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+def write_reference(out: Path, reference: str, records: list[dict],
+                    finals: dict[str, torch.Tensor]) -> None:
+    """The runs' records (reference.json, naming the reference code) and their final samples
+    (reference.safetensors) in `out`."""
+    import json
+
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(finals, str(out / "reference.safetensors"))
+    (out / "reference.json").write_text(json.dumps(
+        {"reference": reference, "runs": records}, indent=1) + "\n")

@@ -26,17 +26,15 @@ reference.safetensors (each run's final sample).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import types
-from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
 import torch
 
-from .cache_reference import (StandIn, git_source, inputs, load_function, reference_globals,
-                              reference_run, run_statements, statements)
+from .cache_reference import (StandIn, git_source, inputs, load_function, mirror_and_out,
+                              reference_globals, reference_run, run_statements, statements,
+                              write_reference)
 
 SOURCES = {"wan2.1": "MagCache4Wan2.1/magcache_generate.py",
            "wan2.2": "MagCache4Wan2.2/magcache_generate.py"}
@@ -129,10 +127,7 @@ def run_reference(sources: dict, run: tuple) -> tuple[dict, torch.Tensor]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mirror", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    args = mirror_and_out(__doc__, argv)
     sources, commit = {}, None
     for family, path in SOURCES.items():
         sources[family], commit = git_source(args.mirror, path)
@@ -143,12 +138,8 @@ def main(argv=None) -> int:
         finals[f"{record['name']}.final"] = final.contiguous()
         print(record["name"], "split", record["high_noise_steps"], "skipped",
               len(record["skipped"]), "of", 2 * record["steps"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    from safetensors.torch import save_file
-    save_file(finals, str(args.out / "reference.safetensors"))
-    (args.out / "reference.json").write_text(json.dumps(
-        {"reference": f"Zehong-Ma/MagCache {commit} {', '.join(SOURCES.values())}",
-         "runs": records}, indent=1) + "\n")
+    write_reference(args.out, f"Zehong-Ma/MagCache {commit} {', '.join(SOURCES.values())}",
+                    records, finals)
     return 0
 
 

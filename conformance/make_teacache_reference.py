@@ -19,16 +19,14 @@ run's final sample).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import types
-from pathlib import Path
 
 import torch
 
-from .cache_reference import (StandIn, git_source, inputs, load_function, reference_globals,
-                              reference_run, run_statements, statements)
+from .cache_reference import (StandIn, git_source, inputs, load_function, mirror_and_out,
+                              reference_globals, reference_run, run_statements, statements,
+                              write_reference)
 
 SOURCE = "TeaCache4Wan2.1/teacache_generate.py"
 # table key -> (the reference's pipeline variable, a checkpoint folder name that picks it)
@@ -92,10 +90,7 @@ def run_reference(source: str, run: tuple) -> tuple[dict, torch.Tensor]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mirror", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    args = mirror_and_out(__doc__, argv)
     source, commit = git_source(args.mirror, SOURCE)
     records, finals = [], {}
     for run in RUNS:
@@ -103,12 +98,7 @@ def main(argv=None) -> int:
         records.append(record)
         finals[f"{record['name']}.final"] = final.contiguous()
         print(record["name"], "skipped", len(record["skipped"]), "of", 2 * record["steps"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    from safetensors.torch import save_file
-    save_file(finals, str(args.out / "reference.safetensors"))
-    (args.out / "reference.json").write_text(json.dumps(
-        {"reference": f"ali-vilab/TeaCache {commit} {SOURCE}", "runs": records}, indent=1)
-        + "\n")
+    write_reference(args.out, f"ali-vilab/TeaCache {commit} {SOURCE}", records, finals)
     return 0
 
 

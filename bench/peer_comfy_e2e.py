@@ -128,8 +128,6 @@ _SIGMA_MAX = {"euler": 0.9990000128746033, "unipc": 0.9990000128746033, "dpm++":
 WEIGHT_DTYPES = {"auto": "default", "bf16": "default", "fp8_e4m3fn": "fp8_e4m3fn",
                  "fp8_e4m3fn_fast": "fp8_e4m3fn_fast"}
 T2V_BOUNDARY = 0.875
-# our sampler's EasyCache settings (sampling/step_cache.py), for ComfyUI's EasyCache node
-EASYCACHE_THRESHOLD, EASYCACHE_START, EASYCACHE_END = 0.2, 0.15, 0.95
 NUM_TRAIN_TIMESTEPS = 1000
 # ComfyUI node class -> the module of the checkout that defines it
 COMFY_MODULES = {
@@ -366,14 +364,17 @@ def comfy_plan(workflow: dict, latent_channels: Callable[[str], int] = channels_
             if cache not in ("off", "easycache"):
                 refuse(f"cache {cache!r}: translatable are off and easycache")
             threshold = float(inputs.get("cache_threshold", -1.0))
-            threshold = EASYCACHE_THRESHOLD if threshold < 0 else threshold
 
             def cached(key: str, shifted: Ref) -> Ref:
-                """ComfyUI's EasyCache node on the model, as a user adds it, when ours runs."""
+                """ComfyUI's EasyCache node on the model, as a user adds it, when ours runs,
+                with our sampler's EasyCache settings."""
                 if cache == "off":
                     return shifted
-                return add(key, "EasyCache", "load", model=shifted, reuse_threshold=threshold,
-                           start_percent=EASYCACHE_START, end_percent=EASYCACHE_END,
+                from wan_enhanced.sampling.step_cache import EasyCacheSettings
+                ours = EasyCacheSettings()
+                return add(key, "EasyCache", "load", model=shifted,
+                           reuse_threshold=ours.threshold if threshold < 0 else threshold,
+                           start_percent=ours.start_percent, end_percent=ours.end_percent,
                            verbose=False)
 
             model = link(node_id, inputs, "model")

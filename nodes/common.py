@@ -59,6 +59,11 @@ def node_errors(node: str):
         raise NodeRunError(f"{node}: {hide_server_paths(str(exc))}") from exc
 
 
+# the decode nodes' event when their frames are decoded (the bench splits a node that also
+# writes the video there: runner/bench_phases.py)
+DECODE_DONE = "decode done"
+
+
 def memory_event(label: str, stage: str, node_id=None, **extra) -> None:
     """One event in the run's memory log (profiling/events.py)."""
     from ..profiling.events import record_event

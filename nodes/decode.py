@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..pipeline.decode import decode
 from .checks import constant_problems, verdict
-from .common import CATEGORY, memory_event, node_errors, progress_bar
+from .common import CATEGORY, DECODE_DONE, memory_event, node_errors, progress_bar
 
 
 class WanTiledDecode:
@@ -56,5 +56,5 @@ class WanTiledDecode:
             images = decode(vae, latent, mode=mode, tile=(tile_x, tile_y),
                             stride=(stride_x, stride_y), budget_gb=vram_budget_gb,
                             overlap=overlap, progress=progress_bar(self.DISPLAY))
-        memory_event("decode done", "decode", unique_id)
+        memory_event(DECODE_DONE, "decode", unique_id)
         return (images,)

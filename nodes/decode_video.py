@@ -6,7 +6,8 @@ from .. import host
 from ..pipeline.decode import check_latent_for_vae
 from ..pipeline.decode_video import decode_and_save
 from ..pipeline.video_io import claim_output_path, expand_filename_variables
-from .common import CATEGORY, memory_event, node_errors, progress_bar
+from .checks import verdict
+from .common import CATEGORY, DECODE_DONE, memory_event, node_errors, progress_bar
 from .decode import WanTiledDecode
 from .video import WanSaveVideo, saved_video_ui
 
@@ -37,8 +38,7 @@ class WanDecodeSaveVideo:
         verdicts = [WanTiledDecode.VALIDATE_INPUTS(tile_x, tile_y, stride_x, stride_y, mode,
                                                    vram_budget_gb),
                     WanSaveVideo.VALIDATE_INPUTS(filename_prefix, fps)]
-        found = [v for v in verdicts if v is not True]
-        return True if not found else "\n".join(found)
+        return verdict(v for v in verdicts if v is not True)
 
     def run(self, vae, latent, tile_x, tile_y, stride_x, stride_y, mode, filename_prefix, fps,
             crf, vram_budget_gb=3.0, overlap=64, unique_id=None):
@@ -57,7 +57,7 @@ class WanDecodeSaveVideo:
                     tile=(tile_x, tile_y), stride=(stride_x, stride_y),
                     budget_gb=vram_budget_gb, overlap=overlap,
                     progress=progress_bar(self.DISPLAY),
-                    decoded=lambda: memory_event("decode done", "decode", unique_id))
+                    decoded=lambda: memory_event(DECODE_DONE, "decode", unique_id))
             finally:
                 claimed.release()
         memory_event(f"saved {path.name}", "save", unique_id)

@@ -3,8 +3,8 @@
 Each node's time (from the runner's start and finish events) goes to the phase of its class:
 loading (the model, text-encoder, VAE, CLIP-vision and LoRA loaders), text encoding, sampling,
 decoding, writing the video, and the rest (latents, start images, probes); the node that
-writes while it decodes counts to decoding up to its "decode done" event and to writing after. A sampler's time is
-split further by its step events (profiling/events.py): up to the end of its first step
+writes while it decodes counts to decoding up to its DECODE_DONE event and to writing after.
+A sampler's time is split further by its step events (profiling/events.py): up to the end of its first step
 (placing the model, compiling, kernel builds and the step itself), the steady steps after it,
 and what follows its last step. A node the runner took from its cache takes no time.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..nodes.common import DECODE_DONE
 from ..profiling.report_data import step_number
 
 PHASE_OF = {
@@ -22,9 +23,6 @@ PHASE_OF = {
     "WanEnhancedSampler": "sample", "WanEnhancedTiledDecode": "decode",
     "WanEnhancedSaveVideo": "video_write", "WanEnhancedDecodeSaveVideo": "decode_write",
 }
-# the node that writes the video while it decodes: decoding up to this event of the node, then
-# writing (what the write takes past the last decoded frame)
-DECODED_EVENT = "decode done"
 PHASES = ("load", "text_encode", "first_step", "steady_steps", "sample_rest", "decode",
           "video_write", "other", "total")
 
@@ -50,7 +48,7 @@ def run_phases(nodes: list[NodeTime], events: list[dict], total: float) -> dict:
         phase = PHASE_OF.get(node.class_type, "other")
         if phase == "decode_write":
             decoded = [e["time"] for e in events
-                       if e.get("node") == node.node_id and e.get("label") == DECODED_EVENT]
+                       if e.get("node") == node.node_id and e.get("label") == DECODE_DONE]
             split = min(decoded[-1] - node.start, node.seconds) if decoded else node.seconds
             out["decode"] += split
             out["video_write"] += node.seconds - split

@@ -279,6 +279,9 @@ def read_float(plan: _Plan, ours: str, file_key: str,
     from ..quant.on_load import dequantize_stored
 
     scale = _file_scale(plan, ours)
+    # a dequantized or scaled weight is a float32 tensor of our own; the reader's may share the
+    # file mapping
+    own = scale is not None or ours in plan.dequantized
     if ours in plan.dequantized:
         tensor = comfy_quant.dequantize(plan.source, plan.dequantized[ours], plan.shapes[ours])
     else:
@@ -294,8 +297,8 @@ def read_float(plan: _Plan, ours: str, file_key: str,
                                   f"{file_key} {list(tensor.shape)}): {exc}") from None
     if merge is None or not merge.touches(ours):
         return tensor
-    # a copy even when the file is float32: the reader's tensors may share the file mapping
-    weight = tensor.to(torch.float32, copy=True).contiguous()
+    # a copy of the reader's tensor even when the file is float32
+    weight = tensor.to(torch.float32, copy=not own).contiguous()
     del tensor
     merge.apply_(ours, weight)
     return weight

@@ -25,6 +25,7 @@ are refused before anything is loaded.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -204,19 +205,12 @@ def _check_tensors(path, source: TensorSource, layer: QuantLayer) -> None:
                               f"channels, not a multiple of its rotation's {layer.rotation}")
     if layer.block_scaled:
         rows, blocks = _scale_grid(layer, shape)
-        count = _product(source.shape(layer.keys["weight_scale"]))
+        count = math.prod(source.shape(layer.keys["weight_scale"]))
         if count != rows * blocks:
             raise CheckpointError(
                 f"{path}: {layer.keys['weight_scale']} holds {count} block scales; the "
                 f"{fmt} weight {list(shape)} needs {rows * blocks} (tiles of 128 rows by 4 "
                 f"blocks)")
-
-
-def _product(shape) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def _round_up(value: int, multiple: int) -> int:

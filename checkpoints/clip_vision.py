@@ -17,6 +17,7 @@ import torch
 
 from ..wan.clip_vision import CLIPVisionEncoder, config_from_state
 from .comfy_quant import METADATA_KEY
+from .loader import _WEIGHT_SCALE_SUFFIXES
 from .reader import CheckpointError, TensorSource, open_checkpoint
 
 PREFIX = "vision_model."
@@ -76,7 +77,7 @@ def check_clip_vision_keys(path: str | Path) -> None:
 
 # keys of quantized layers (ComfyUI's mixed-precision and fp8-scaled files): the tower's tensors
 # are read as plain floats, so such a file is refused rather than read without its scales
-_QUANTIZED_SUFFIXES = (".comfy_quant", ".weight_scale", ".scale_weight")
+_QUANTIZED_SUFFIXES = (".comfy_quant", *_WEIGHT_SCALE_SUFFIXES)
 
 
 def _refuse_quantized(path: Path, source: TensorSource, keys: list[str]) -> None:

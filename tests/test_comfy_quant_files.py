@@ -206,8 +206,7 @@ def _with_layer_config(tmp_path, config: dict, metadata_form: bool = False) -> P
     if metadata_form:
         metadata = {"_quantization_metadata": json.dumps({"layers": {layer: config}})}
     else:
-        state[layer + ".comfy_quant"] = torch.tensor(list(json.dumps(config).encode()),
-                                                     dtype=torch.uint8)
+        state[layer + ".comfy_quant"] = comfy_quant_write.config_bytes(config)
     save_file(state, str(path), metadata=metadata)
     return path
 
@@ -250,8 +249,8 @@ def test_a_comfy_quant_key_is_never_dropped(tmp_path):
     holds one always changes how its weight is read."""
     path = tiny.write_dit(tmp_path / "dit.safetensors", CONFIG, dtype=torch.float32)
     state = load_file(str(path))
-    state[PREFIX + "blocks.0.ffn.1.comfy_quant"] = torch.tensor(
-        list(b'{"format": "float8_e4m3fn"}'), dtype=torch.uint8)
+    state[PREFIX + "blocks.0.ffn.1.comfy_quant"] = comfy_quant_write.config_bytes(
+        "float8_e4m3fn")
     save_file(state, str(path))
     with pytest.raises(CheckpointError, match=r"blocks\.0\.ffn\.1'.*no weight"):
         load_dit(path, torch.float32)

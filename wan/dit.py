@@ -16,6 +16,7 @@ gigabytes over expanding it to every token.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Callable, Iterable
 
 import torch
@@ -234,7 +235,6 @@ class WanDiT(nn.Module):
         rope = RotaryTable(grid, self.config.rope_pairs, device=tokens.device)
         attend = get_backend(attention, tokens.device, self.config.head_dim)
 
-        compiled_forward = compiled_block_forward() if compiled else None
         # compiled blocks take the attention phases in one pass: unrolled over row chunks, the
         # compiled graph ran slower and kept more alive (14B 720p, H100: 12.2 s and 16.7 GiB of
         # activations against 11.3 s and 5.8 GiB); the FFN stays chunked either way
@@ -243,29 +243,35 @@ class WanDiT(nn.Module):
             tokens, e, e0, rope, attend = sequence.shard(tokens, grid, e, e0, rope, attend,
                                                          self.config.num_heads)
             attention_rows = tokens.shape[1]
-        if block_stack is not None and sequence is not None:
-            raise ValueError("a step cache (block_stack) runs on one process; this forward is "
-                             "split over several (sequence)")
-
-        def run_blocks(tokens: torch.Tensor) -> torch.Tensor:
-            owed = OwedUpdate() if compiled else None  # the last FFN's update, added next block
-            with checks_between_chunks(between_blocks):  # and between a block's row chunks
-                for block in (self.blocks if blocks is None else blocks):
-                    between_blocks()
-                    args = (tokens, e0, rope, text, image, attend, self.compute_dtype,
-                            attention_rows)
-                    tokens = compiled_forward(block, *args, owed=owed) if compiled \
-                        else block(*args)
-            if owed is not None and owed.update is not None:
-                add_gated_(tokens, *owed.take())
-            return tokens
-
-        tokens = run_blocks(tokens) if block_stack is None else \
-            block_stack(tokens, e, e0, run_blocks)
+        if block_stack is None:
+            tokens = self._run_blocks(tokens, blocks, e0, rope, text, image, attend, compiled,
+                                      attention_rows, between_blocks)
+        else:
+            if sequence is not None:
+                raise ValueError("a step cache (block_stack) runs on one process; this forward "
+                                 "is split over several (sequence)")
+            tokens = block_stack(tokens, e, e0, partial(
+                self._run_blocks, blocks=blocks, e0=e0, rope=rope, text=text, image=image,
+                attend=attend, compiled=compiled, attention_rows=attention_rows,
+                between_blocks=between_blocks))
         out = self.head(tokens, e)
         if sequence is not None:
             out = sequence.gather(out)
         return self.unpatchify(out, grid)
+
+    def _run_blocks(self, tokens: torch.Tensor, blocks, e0, rope, text, image, attend,
+                    compiled: bool, attention_rows, between_blocks) -> torch.Tensor:
+        """Every block over `tokens` (updated in place), the last one's output returned."""
+        compiled_forward = compiled_block_forward() if compiled else None
+        owed = OwedUpdate() if compiled else None  # the last FFN's update, added by the next block
+        with checks_between_chunks(between_blocks):  # and between a block's row chunks
+            for block in (self.blocks if blocks is None else blocks):
+                between_blocks()
+                args = (tokens, e0, rope, text, image, attend, self.compute_dtype, attention_rows)
+                tokens = compiled_forward(block, *args, owed=owed) if compiled else block(*args)
+        if owed is not None and owed.update is not None:
+            add_gated_(tokens, *owed.take())
+        return tokens
 
 
 def is_block_linear(key: str) -> bool:

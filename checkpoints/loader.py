@@ -321,8 +321,10 @@ def read_quantized(plan: _Plan, ours: str, file_key: str, quantized: "QuantSchem
     gives whatever the device (a GPU's rounding of the scales' division can differ)."""
     from ..quant.on_load import StoredWeight, stored_weight
 
-    if (merge is not None and merge.touches(ours)) or ours in plan.dequantized:
-        scale, weight = None, read_float(plan, ours, file_key, merge, device)
+    touched = merge is not None and merge.touches(ours)
+    if touched or ours in plan.dequantized:
+        scale, weight = None, read_float(plan, ours, file_key, merge,
+                                         device if touched else None)
     else:
         scale, weight = _file_scale(plan, ours), plan.source.read(file_key)
     try:

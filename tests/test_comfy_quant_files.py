@@ -290,6 +290,44 @@ def test_loras_merge_into_dequantized_layers_on_load_and_the_merge_command_refus
     assert not (tmp_path / "merged.safetensors").exists()
 
 
+def test_dequantized_layers_no_lora_touches_are_quantized_on_the_cpu(tmp_path, plain,
+                                                                   monkeypatch):
+    """With a merge device, only the layers a LoRA changes go there; a dequantized layer the
+    merge leaves alone is quantized on the CPU, so its codes are those a load without LoRA
+    gives whatever the device."""
+    from wan_enhanced.checkpoints import loader
+
+    state, _ = plain
+    path = tiny.write_dit(tmp_path / "dit.safetensors", CONFIG, state=state, dtype=torch.float32,
+                          comfy_quant=FORMATS)
+    # the LoRA changes one dequantized block matrix (mxfp8) and leaves the others
+    lora = write_lora(tmp_path / "lora.safetensors",
+                      random_lora(CONFIG, seed=1, modules=["blocks.0.ffn.2"]), "generic")
+    devices = {}
+    real = loader.read_float
+
+    def read_float(plan, ours, file_key, merge=None, device=None):
+        devices[ours] = device
+        return real(plan, ours, file_key, merge, None)  # (the CPU stands in for the device)
+
+    monkeypatch.setattr(loader, "read_float", read_float)
+    opened = open_lora(lora, dit_shapes(CONFIG))
+    try:
+        merge = Merge.of([(opened, 0.5)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load_dit(path, torch.float32, quantization="fp8_e4m3fn", merge=merge,
+                     device=torch.device("meta"))
+        touched = {ours for ours in devices if merge.touches(ours)}
+        untouched = {ours for ours in devices if ours in FORMATS and ours not in touched
+                     and ours.startswith("blocks.")}
+    finally:
+        opened.close()
+    assert touched == {"blocks.0.ffn.2.weight"} and "blocks.1.ffn.0.weight" in untouched
+    assert all(devices[ours] == torch.device("meta") for ours in touched)
+    assert all(devices[ours] is None for ours in untouched)
+
+
 def test_a_quantized_clip_vision_file_is_refused_not_read_without_its_scales(tmp_path):
     path = tmp_path / "clip_vision.safetensors"
     save_file({"vision_model.encoder.layers.0.mlp.fc1.weight": torch.zeros(8, 4, dtype=torch.int8),

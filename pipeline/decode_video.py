@@ -97,10 +97,9 @@ class StreamedWrite:
                 raise WriteStopped(f"{self.path.name}: the decode stopped")
 
     def _write(self, images: torch.Tensor) -> None:
-        try:  # inference mode is per thread: the decode's output was made under the caller's
-            with torch.inference_mode():
-                save_mp4(images, self.path, fps=self.fps, crf=self.crf, encoder=self.encoder,
-                         tag=self.tag, replace=False, frame_ready=self._frame_ready)
+        try:  # (save_mp4 reads an inference tensor from any thread: _FrameConverter)
+            save_mp4(images, self.path, fps=self.fps, crf=self.crf, encoder=self.encoder,
+                     tag=self.tag, replace=False, frame_ready=self._frame_ready)
         except BaseException as error:  # handed to the caller's thread by finish()
             self._error = error
 

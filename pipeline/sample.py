@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from .. import host
-from ..sampling.experts import ExpertPair, SingleModel
+from ..sampling.experts import HIGH_NOISE, ExpertPair, SingleModel
 from ..sampling.loop import denoise as run_denoise
 from ..sampling.loop import noise_latent
 from ..sampling.solvers import SOLVER_NAMES, make_schedule, make_solver
@@ -200,8 +200,10 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
     cached = []  # EasyCache: the step caches of this run, one per model
     blocks_cache = None  # TeaCache / MagCache: one for the run
     if cache is not None and cache.method != "easycache":
-        high_noise_steps = None if low_noise_model is None else int(
-            (schedule.timesteps >= expert_boundary(settings.boundary, model) * 1000).sum())
+        high_noise_steps = None
+        if low_noise_model is not None:  # the steps the pair below gives its high-noise expert
+            pair = ExpertPair(None, None, expert_boundary(settings.boundary, model))
+            high_noise_steps = pair.plan(schedule).count(HIGH_NOISE)
         blocks_cache = residual_cache(cache, schedule, cond, uncond, high_noise_steps)
 
     def model_fn(handle: WanModelHandle, scale: float):
@@ -226,8 +228,7 @@ def sample(model: WanModelHandle, positive, negative, latent: dict, settings: Sa
                 model_fn(model, settings.cfg),
                 model_fn(low_noise_model, low_cfg),
                 expert_boundary(settings.boundary, model),
-                (settings.cfg if settings.cfg_low_noise is None else settings.cfg_low_noise,
-                 settings.cfg),
+                (low_cfg, settings.cfg),
                 on_switch=lambda _old, new: dit_placement.place(handles[new.name]))
 
         def step_done(index: int, total: int, _x: torch.Tensor) -> None:

@@ -169,8 +169,12 @@ def _norm_silu_conv(norm: ChannelRMSNorm, conv: CausalConv3d, x: torch.Tensor,
                     conv_bias: bool = True) -> torch.Tensor:
     """conv(silu(norm(x + x_bias))) on channels-last activations: the norm and SiLU are written
     straight into the convolution's input buffer, behind its history. Without `conv_bias` the
-    result lacks the convolution's bias (the next norm adds it as its x_bias)."""
+    result lacks the convolution's bias (the next norm adds it as its x_bias). An x_bias is
+    added to x in place where the kernel cannot take it (x is the caller's to give up), so the
+    fallback holds no copy of x besides the norm's."""
     stream, fresh = conv.open_stream(x, cache)
+    if x_bias is not None and not channel_norm.kernel_usable(x, fresh):
+        x, x_bias = x.add_(x_bias.view(-1, *([1] * (x.dim() - 2)))), None
     norm.into(x, fresh, silu=True, bias=x_bias)
     return conv.run_stream(stream, cache, bias=conv_bias)
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from .guidance import ModelFn
+from .schedules import shift_sigmas
 
 COND, UNCOND = "cond", "uncond"
 # the sampler's cache values: EasyCache here; TeaCache (sampling/teacache.py; ret_steps: its
@@ -55,8 +56,7 @@ def percent_to_sigma(percent: float, shift: float) -> float:
         return 1.0
     if percent >= 1.0:
         return 0.0
-    t = 1.0 - percent
-    return shift * t / (1 + (shift - 1) * t)
+    return float(shift_sigmas(1.0 - percent, shift))
 
 
 def _float32(value: float) -> float:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from .guidance import ModelFn
-from .schedules import shift_sigmas
+from .schedules import NUM_TRAIN_TIMESTEPS, shift_sigmas
 
 COND, UNCOND = "cond", "uncond"
 # the sampler's cache values: EasyCache here; TeaCache (sampling/teacache.py; ret_steps: its
@@ -94,6 +94,8 @@ class EasyCacheModel:
         self.skipped: list[int] = []  # indices (among the steps it saw) of the steps skipped
         self.steps = 0  # steps seen
         self._step_sigma: float | None = None
+        self._t: torch.Tensor | None = None  # the last call's timesteps, and their sigma
+        self._sigma = 0.0
         self._input_change: torch.Tensor | None = None
 
     def _branches(self, conditioning: Any) -> list[str]:
@@ -115,7 +117,10 @@ class EasyCacheModel:
         return tensor[..., ::step, ::step] if step > 1 else tensor
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor, conditioning: Any) -> torch.Tensor:
-        sigma = _float32(float(t.max()) / 1000.0)
+        if t is not self._t:  # a step's calls share its timesteps: read them (a device sync)
+            # once a step rather than once a call
+            self._t, self._sigma = t, _float32(float(t.max()) / NUM_TRAIN_TIMESTEPS)
+        sigma = self._sigma
         branches = self._branches(conditioning)
         if not sigma > self.end_sigma:
             return self.model(x, t, conditioning)

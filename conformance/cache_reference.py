@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from ..sampling.schedules import shift_sigmas
 from ..wan.dit import sinusoidal_embedding
 
 SHAPE = (1, 4, 2, 8, 8)  # [B, C, F, H, W]; patches 1 x 2 x 2: 32 tokens
@@ -195,7 +196,7 @@ def reference_call(model: nn.Module, x: torch.Tensor, t: torch.Tensor,
 def shifted_sigmas(steps: int, shift: float) -> torch.Tensor:
     """steps + 1 sigmas from 1 to 0, shifted as a flow model's."""
     base = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
-    return (shift * base / (1 + (shift - 1) * base)).to(torch.float32)
+    return shift_sigmas(base, shift).to(torch.float32)
 
 
 def euler_run(step_velocity, x0: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,7 @@ def _float32(value: float) -> float:
 
 @dataclass
 class _State:
-    first: str | None = None
+    started: bool = False  # a step at or below the start sigma was seen
     x_prev: torch.Tensor | None = None
     output_prev: torch.Tensor | None = None
     output_prev_norm: torch.Tensor | None = None
@@ -108,7 +108,7 @@ class EasyCacheModel:
     def _subsample(self, tensor: torch.Tensor, branches: list[str]) -> torch.Tensor:
         """The decider's rows of a call's tensor, thinned."""
         rows = tensor.shape[0] // len(branches)
-        index = branches.index(self.state.first)
+        index = branches.index(self.decider)
         return self._thin(tensor[index * rows:(index + 1) * rows])
 
     def _thin(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -132,7 +132,7 @@ class EasyCacheModel:
         if state.skip_step and all(b in state.residuals for b in branches):
             return self._reuse(x, branches)
         output = self.model(x, t, conditioning)
-        decides = state.first is not None and state.first in branches
+        decides = state.started and self.decider in branches
         if decides and state.output_prev_norm is not None:
             output_change = (self._subsample(output, branches) - state.output_prev) \
                 .flatten().abs().mean()
@@ -156,8 +156,7 @@ class EasyCacheModel:
         self._input_change = None
         if sigma > self.start_sigma:
             return
-        if state.first is None:
-            state.first = self.decider
+        state.started = True
         if state.x_prev is not None:
             rows = x.shape[0] // len(branches)
             decider_input = self._thin(x[:rows])  # the same input as the decider's rows
